@@ -1,0 +1,94 @@
+"""beatloop: TensorFlow custom training loops as recipes of beats, run by one engine.
+
+The public API is loaded on first attribute access, so ``import beatloop`` neither
+imports TensorFlow nor loads plugins until something is used (the CLI relies on this to
+quiet TensorFlow's start-up log before it loads).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # running
+    "fit": "beatloop.fitting",
+    "make_recipe": "beatloop.fitting",
+    "FitResult": "beatloop.core.result",
+    "Engine": "beatloop.core.engine",
+    "EngineOptions": "beatloop.core.engine",
+    "DataSplit": "beatloop.core.batches",
+    # registry
+    "recipes": "beatloop.plugins.registry",
+    "get_recipe": "beatloop.plugins.registry",
+    "register": "beatloop.plugins.registry",
+    "hookimpl": "beatloop.plugins.hookspecs",
+    # writing recipes
+    "Recipe": "beatloop.core.recipe",
+    "Beat": "beatloop.core.beats",
+    "Schedule": "beatloop.core.beats",
+    "ClipByGlobalNorm": "beatloop.core.beats",
+    "ClipByNorm": "beatloop.core.beats",
+    "ClipByValue": "beatloop.core.beats",
+    "ModelCalls": "beatloop.core.forward",
+    "bind": "beatloop.core.binding",
+    # callbacks
+    "Callback": "beatloop.core.callbacks",
+    "Run": "beatloop.core.callbacks",
+    "EVENTS": "beatloop.core.callbacks",
+    "History": "beatloop.plugins.callbacks",
+    "ProgressBar": "beatloop.plugins.callbacks",
+    "JsonLinesLogger": "beatloop.plugins.callbacks",
+    "CsvLogger": "beatloop.plugins.callbacks",
+    # errors
+    "BeatloopError": "beatloop.core.errors",
+    "ConfigError": "beatloop.core.errors",
+    "DataError": "beatloop.core.errors",
+    "ScheduleError": "beatloop.core.errors",
+    "RecipeNotFoundError": "beatloop.core.errors",
+    "RegistrationError": "beatloop.core.errors",
+    "CallbackError": "beatloop.core.errors",
+    "NumericsError": "beatloop.core.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'beatloop' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; never executed
+    from beatloop.core.batches import DataSplit
+    from beatloop.core.beats import Beat, ClipByGlobalNorm, ClipByNorm, ClipByValue, Schedule
+    from beatloop.core.binding import bind
+    from beatloop.core.callbacks import EVENTS, Callback, Run
+    from beatloop.core.engine import Engine, EngineOptions
+    from beatloop.core.errors import (
+        BeatloopError,
+        CallbackError,
+        ConfigError,
+        DataError,
+        NumericsError,
+        RecipeNotFoundError,
+        RegistrationError,
+        ScheduleError,
+    )
+    from beatloop.core.forward import ModelCalls
+    from beatloop.core.recipe import Recipe
+    from beatloop.core.result import FitResult
+    from beatloop.fitting import fit, make_recipe
+    from beatloop.plugins.callbacks import CsvLogger, History, JsonLinesLogger, ProgressBar
+    from beatloop.plugins.hookspecs import hookimpl
+    from beatloop.plugins.registry import get_recipe, recipes, register

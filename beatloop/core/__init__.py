@@ -1,0 +1,1 @@
+"""The engine and its vocabulary: beats, schedules, recipes, callbacks, errors."""

@@ -1,0 +1,116 @@
+"""Data sets as the engine sees them: batched ``tf.data`` pipelines of dicts of tensors.
+
+A user may pass ``(x, y)`` tuples or dicts; both become dicts here, once, so recipes and
+the compiled step see one shape of batch. Checks run on the element spec, before any
+tracing, so a mistake reads as a sentence rather than a TensorFlow traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+import tensorflow as tf
+
+from beatloop.core.errors import DataError
+
+TUPLE_KEYS = ("x", "y", "sample_weight")
+
+
+@attrs.frozen
+class DataSplit:
+    """A training data set and an optional validation data set, both batched."""
+
+    train: tf.data.Dataset = attrs.field(validator=attrs.validators.instance_of(tf.data.Dataset))
+    validation: tf.data.Dataset | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(tf.data.Dataset)),
+    )
+
+
+def as_data_split(data) -> DataSplit:
+    """Accept a DataSplit, a Dataset, or a ``(train, validation)`` pair of Datasets."""
+    if isinstance(data, DataSplit):
+        split = data
+    elif isinstance(data, tf.data.Dataset):
+        split = DataSplit(data)
+    elif isinstance(data, Sequence) and not isinstance(data, str) and len(data) == 2:
+        train, validation = data
+        for role, value in (("training", train), ("validation", validation)):
+            if role == "validation" and value is None:
+                continue
+            if not isinstance(value, tf.data.Dataset):
+                raise DataError(
+                    f"data=(train, validation) expects tf.data.Dataset values; the {role} "
+                    f"entry is {type(value).__name__}. Wrap arrays with "
+                    "tf.data.Dataset.from_tensor_slices((x, y)).batch(32)"
+                )
+        split = DataSplit(train, validation)
+    else:
+        raise DataError(
+            "data expects a tf.data.Dataset, a (train, validation) pair of them or a "
+            f"beatloop.DataSplit; got {type(data).__name__}"
+        )
+    return DataSplit(
+        as_dict_batches(split.train, "training"),
+        None if split.validation is None else as_dict_batches(split.validation, "validation"),
+    )
+
+
+def as_dict_batches(dataset: tf.data.Dataset, role: str) -> tf.data.Dataset:
+    """Map tuple elements to dicts (``x``, ``y``, ``sample_weight``); refuse other shapes."""
+    spec = dataset.element_spec
+    if isinstance(spec, Mapping):
+        _check_tensor_specs(spec, role)
+        result = dataset
+    elif isinstance(spec, tuple) and 1 <= len(spec) <= len(TUPLE_KEYS):
+        keys = TUPLE_KEYS[: len(spec)]
+        _check_tensor_specs(dict(zip(keys, spec, strict=True)), role)
+        result = dataset.map(lambda *parts: dict(zip(keys, parts, strict=True)))
+    elif isinstance(spec, tf.TensorSpec):
+        result = dataset.map(lambda x: {"x": x})
+    else:
+        raise DataError(
+            f"the {role} data set's elements must be a dict of tensors or an (x, y) tuple; "
+            f"found {spec}"
+        )
+    if result.cardinality() == 0:
+        raise DataError(f"the {role} data set is empty: it gives no batches")
+    return result
+
+
+def _check_tensor_specs(spec: Mapping, role: str) -> None:
+    for key, value in spec.items():
+        if not isinstance(value, tf.TensorSpec):
+            raise DataError(f"the {role} data set's {key!r} must be a plain tensor, found {value}")
+
+
+def check_batch_spec(
+    spec: Mapping[str, tf.TensorSpec],
+    required: Mapping[str, int],
+    owner: str,
+    role: str,
+) -> list[str]:
+    """Problems with a batch spec: missing keys, too few dimensions (``required`` maps
+    each key to its minimum rank, the batch dimension included)."""
+    problems = []
+    missing = [key for key in required if key not in spec]
+    if missing:
+        problems.append(
+            f"{owner} expects {role} batches with keys {sorted(required)}; the data set gives "
+            f"{sorted(spec)} (missing {missing})"
+        )
+    for key, min_rank in required.items():
+        if key in spec and spec[key].shape.rank is not None and spec[key].shape.rank < min_rank:
+            problems.append(
+                f"{owner} expects {role} batch {key!r} with at least {min_rank} dimension(s) "
+                f"(batch first), found shape {spec[key].shape}; is the data set batched? "
+                "Call .batch(n) on it"
+            )
+    return problems
+
+
+def leading_dimension(batch: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """The number of examples in a batch: the first dimension of its first tensor."""
+    first = batch[next(iter(sorted(batch)))]
+    return tf.shape(first, out_type=tf.int64)[0]

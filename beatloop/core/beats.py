@@ -1,0 +1,200 @@
+"""Beats and schedules: what one training step does, as printable, comparable data.
+
+A :class:`Beat` is one gradient update (a loss, the optimizer that applies it, the
+variables it updates); a :class:`Schedule` is the ordered beats of one step plus the
+variables declared frozen or shared. Neither holds a TensorFlow object: binding them to
+built models is :mod:`beatloop.core.binding`'s job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import attrs
+import tensorflow as tf
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _as_tuple(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Accept one selector or several; a lone string is one selector, not its letters."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+def _identifier(instance, attribute, value) -> None:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name} must be a Python-style name "
+            f"(letters, digits, underscores), got {value!r}"
+        )
+
+
+def _selectors(instance, attribute, value) -> None:
+    for selector in value:
+        if not isinstance(selector, str) or not selector:
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name} holds selectors like 'model' or "
+                f"'model:dense/*', got {selector!r}"
+            )
+
+
+_positive_int = [attrs.validators.instance_of(int), attrs.validators.ge(1)]
+_positive_float = [attrs.validators.instance_of((int, float)), attrs.validators.gt(0)]
+
+
+# --- gradient transforms -------------------------------------------------------------
+
+
+@attrs.frozen
+class ClipByGlobalNorm:
+    """Scale all of a beat's gradients together so their global norm is at most ``norm``."""
+
+    norm: float = attrs.field(validator=_positive_float)
+
+    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        clipped, _ = tf.clip_by_global_norm(grads, self.norm)
+        return list(clipped)
+
+    def describe(self) -> str:
+        return f"clip by global norm {self.norm:g}"
+
+
+@attrs.frozen
+class ClipByNorm:
+    """Clip each gradient tensor separately to an L2 norm of at most ``norm``."""
+
+    norm: float = attrs.field(validator=_positive_float)
+
+    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        return [tf.clip_by_norm(g, self.norm) for g in grads]
+
+    def describe(self) -> str:
+        return f"clip each tensor to norm {self.norm:g}"
+
+
+@attrs.frozen
+class ClipByValue:
+    """Clip every gradient element into ``[-value, value]``."""
+
+    value: float = attrs.field(validator=_positive_float)
+
+    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        return [tf.clip_by_value(g, -self.value, self.value) for g in grads]
+
+    def describe(self) -> str:
+        return f"clip values to ±{self.value:g}"
+
+
+GradientTransform = ClipByGlobalNorm | ClipByNorm | ClipByValue
+
+
+# --- beats and schedules -------------------------------------------------------------
+
+
+@attrs.frozen
+class Beat:
+    """One gradient update of a training step.
+
+    ``updates`` selects the variables the beat's optimizer applies to: ``"model"`` takes
+    every trainable variable of that model, ``"model:pattern"`` those whose Keras variable
+    path matches the glob ``pattern`` (e.g. ``"backbone:dense_1/*"``). ``training`` names
+    the models that run in training mode during the beat; ``None`` means the models the
+    beat updates. ``repeat`` runs the beat several times per step on the same batch;
+    ``every`` runs it only on steps whose number is a multiple of ``every``.
+    """
+
+    loss: str = attrs.field(validator=_identifier)
+    optimizer: str = attrs.field(validator=_identifier)
+    updates: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_selectors)
+    name: str = attrs.field(default=None)
+    repeat: int = attrs.field(default=1, validator=_positive_int)
+    every: int = attrs.field(default=1, validator=_positive_int)
+    transform: GradientTransform | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(
+            attrs.validators.instance_of((ClipByGlobalNorm, ClipByNorm, ClipByValue))
+        ),
+    )
+    training: tuple[str, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_as_tuple)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.name is None:
+            object.__setattr__(self, "name", self.loss)
+        _identifier(self, attrs.fields(Beat).name, self.name)
+        if not self.updates:
+            raise ValueError(f"beat {self.name!r} updates no variables: give `updates`")
+
+    def describe(self) -> str:
+        """One line: name, loss, optimizer, what it updates and how often."""
+        parts = [
+            f"{self.name}: loss={self.loss} optimizer={self.optimizer}",
+            f"updates={','.join(self.updates)}",
+        ]
+        if self.repeat != 1:
+            parts.append(f"repeat={self.repeat}")
+        if self.every != 1:
+            parts.append(f"every={self.every}")
+        if self.transform is not None:
+            parts.append(f"transform=({self.transform.describe()})")
+        if self.training is not None:
+            parts.append(f"training={','.join(self.training) or '(none)'}")
+        return " ".join(parts)
+
+
+def _beats(value) -> tuple[Beat, ...]:
+    return (value,) if isinstance(value, Beat) else tuple(value)
+
+
+@attrs.frozen
+class Schedule:
+    """The ordered beats of one training step, and the variables frozen or shared.
+
+    ``frozen`` selectors name trainable variables no beat may update (e.g. a fixed
+    feature network); ``shared`` selectors name variables that several beats update on
+    purpose (e.g. a multi-task backbone). Both use the selector syntax of ``Beat.updates``.
+    """
+
+    beats: tuple[Beat, ...] = attrs.field(converter=_beats)
+    frozen: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple, validator=_selectors)
+    shared: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple, validator=_selectors)
+
+    @beats.validator
+    def _check_beats(self, attribute, value) -> None:
+        if not value:
+            raise ValueError("a schedule needs at least one beat")
+        for beat in value:
+            if not isinstance(beat, Beat):
+                raise TypeError(f"a schedule holds Beat values, got {type(beat).__name__}")
+        names = [b.name for b in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"beat names must be unique within a schedule; repeated: {', '.join(repeated)} "
+                "(give each beat a distinct `name`)"
+            )
+
+    @property
+    def loss_names(self) -> tuple[str, ...]:
+        """Distinct loss names in beat order."""
+        return tuple(dict.fromkeys(b.loss for b in self.beats))
+
+    @property
+    def optimizer_names(self) -> tuple[str, ...]:
+        """Distinct optimizer names in beat order."""
+        return tuple(dict.fromkeys(b.optimizer for b in self.beats))
+
+    def describe(self) -> str:
+        """Multi-line text: one line per beat, then frozen and shared selectors."""
+        lines = [f"{i}. {beat.describe()}" for i, beat in enumerate(self.beats, 1)]
+        if self.frozen:
+            lines.append(f"frozen: {', '.join(self.frozen)}")
+        if self.shared:
+            lines.append(f"shared: {', '.join(self.shared)}")
+        return "\n".join(lines)

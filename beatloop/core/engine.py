@@ -1,0 +1,238 @@
+"""The engine: builds a recipe's parts, binds its schedule, and runs epochs.
+
+Shaped like Orbit's controller: the epoch loop and every event run eagerly in Python
+around one compiled inner loop (:class:`~beatloop.core.step.CompiledLoop`) of K steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import keras
+import tensorflow as tf
+
+from beatloop.core.batches import DataSplit, check_batch_spec
+from beatloop.core.binding import BoundSchedule, bind
+from beatloop.core.callbacks import Callback, CallbackList, LazyLogs, Run
+from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_mean
+from beatloop.core.forward import forward
+from beatloop.core.recipe import Recipe
+from beatloop.core.state import EngineState, StepMetrics
+from beatloop.core.step import CompiledLoop, make_train_step, make_validation_step
+
+
+@attrs.frozen
+class EngineOptions:
+    """How the engine runs steps, independent of what the recipe computes."""
+
+    steps_per_execution: int = attrs.field(
+        default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)]
+    )
+    debug: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+
+class Engine:
+    """Runs one recipe on one data split: ``Engine(recipe, data).fit(epochs)``.
+
+    ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
+    ``beatloop show`` prints).
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        data: DataSplit,
+        *,
+        models: Mapping[str, keras.Layer] | None = None,
+        optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
+        callbacks: Sequence[Callback] = (),
+        options: EngineOptions = EngineOptions(),
+        run_dir: Path | None = None,
+        seed: int = 0,
+    ):
+        self.recipe = recipe
+        self.data = data
+        self.options = options
+        self.state = EngineState()
+        spec = data.train.element_spec
+        _check_data(recipe, data)
+        built_models = _replace(recipe.build_models(spec), models, "model", recipe.name)
+        _build_unbuilt(recipe, built_models, spec)
+        built_optimizers = _replace(recipe.build_optimizers(), optimizers, "optimizer", recipe.name)
+        self.bound: BoundSchedule = _bind(recipe, built_models, built_optimizers, spec)
+        beat_names = [b.beat.name for b in self.bound.beats]
+        self.train_metrics = StepMetrics(beat_names, recipe.build_metrics())
+        self.validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
+        compiled = not options.debug
+        self.train_loop = CompiledLoop(
+            make_train_step(
+                self.bound,
+                self.state,
+                self.train_metrics,
+                recipe.update_metrics,
+                check_numerics=options.debug,
+            ),
+            options.steps_per_execution,
+            spec,
+            compiled=compiled,
+        )
+        self.validation_loop = None
+        if data.validation is not None:
+            self.validation_loop = CompiledLoop(
+                make_validation_step(self.bound, self.validation_metrics, recipe.update_metrics),
+                options.steps_per_execution,
+                data.validation.element_spec,
+                compiled=compiled,
+            )
+        cardinality = int(data.train.cardinality())
+        self.callbacks = CallbackList(callbacks)
+        self.run = Run(
+            recipe=recipe,
+            bound=self.bound,
+            state=self.state,
+            run_dir=run_dir,
+            epochs=0,
+            steps_per_execution=options.steps_per_execution,
+            steps_per_epoch=cardinality if cardinality >= 0 else None,
+            seed=seed,
+        )
+
+    def fit(self, epochs: int) -> dict[str, float]:
+        """Run epochs until ``epochs`` have completed; return the last epoch's logs."""
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+            raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
+        run = self.run
+        run.epochs = epochs
+        logs: dict[str, float] = {}
+        self.callbacks.fire("fit_start", run)
+        try:
+            for epoch in range(int(self.state.epoch), epochs):
+                logs = self._run_epoch(run, epoch)
+                if run.stop_training:
+                    break
+        except BaseException as error:
+            self.callbacks.fire("exception", run, error)
+            raise
+        self.callbacks.fire("fit_end", run, logs)
+        return logs
+
+    def _run_epoch(self, run: Run, epoch: int) -> dict[str, float]:
+        self.train_metrics.reset()
+        self.callbacks.fire("epoch_start", run, epoch)
+        iterator = iter(self.data.train)
+        steps = 0
+        while True:
+            self.callbacks.fire("execution_start", run)
+            ran = self.train_loop(iterator)
+            steps += ran
+            self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.results))
+            if ran < self.options.steps_per_execution:
+                break
+        if steps == 0:
+            raise DataError(f"the training data set gave no batches in epoch {epoch}")
+        logs = self.train_metrics.results()
+        if self.validation_loop is not None:
+            logs.update(self.validate(run))
+        self.state.epoch.assign(epoch + 1)
+        self.callbacks.fire("epoch_end", run, epoch, logs)
+        return logs
+
+    def validate(self, run: Run) -> dict[str, float]:
+        """Every beat's loss and the metrics on the validation data, all models in
+        inference mode; touches no trainable variable."""
+        self.validation_metrics.reset()
+        self.callbacks.fire("validation_start", run)
+        iterator = iter(self.data.validation)
+        while self.validation_loop(iterator) == self.options.steps_per_execution:
+            pass
+        logs = self.validation_metrics.results()
+        self.callbacks.fire("validation_end", run, logs)
+        return logs
+
+
+def _check_data(recipe: Recipe, data: DataSplit) -> None:
+    problems = []
+    for role, dataset in (("training", data.train), ("validation", data.validation)):
+        if dataset is None:
+            continue
+        spec = dataset.element_spec
+        problems += check_batch_spec(spec, recipe.batch_keys, f"recipe {recipe.name!r}", role)
+        if not problems:
+            problems += [f"{role} data: {p}" for p in recipe.check_batch_spec(spec)]
+    if data.validation is not None and not problems:
+        train, validation = data.train.element_spec, data.validation.element_spec
+        for key in sorted(set(train) & set(validation)):
+            if train[key].dtype != validation[key].dtype or not train[key].shape[
+                1:
+            ].is_compatible_with(validation[key].shape[1:]):
+                problems.append(
+                    f"validation batch {key!r} is {validation[key]} but training batch "
+                    f"{key!r} is {train[key]}"
+                )
+    if problems:
+        raise DataError("; ".join(problems))
+
+
+def _replace(built: Mapping, replacements: Mapping | None, kind: str, recipe_name: str) -> dict:
+    """The recipe's parts with the user's replacements, refusing names it does not have."""
+    parts = dict(built)
+    for name, part in (replacements or {}).items():
+        if name not in parts:
+            raise ConfigError(
+                f"recipe {recipe_name!r} has no {kind} named {name!r}"
+                f"{did_you_mean(name, parts)}; its {kind}s: {', '.join(parts)}"
+            )
+        expected = keras.Layer if kind == "model" else keras.optimizers.Optimizer
+        if not isinstance(part, expected):
+            raise ConfigError(
+                f"{kind} {name!r} must be a {expected.__module__}.{expected.__name__}, "
+                f"got {type(part).__name__}"
+            )
+        parts[name] = part
+    return parts
+
+
+def _build_unbuilt(recipe: Recipe, models: Mapping[str, keras.Layer], spec) -> None:
+    """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
+    by running every loss once in inference mode on a zero batch of the data's spec."""
+    if all(model.built for model in models.values()):
+        return
+    batch = {
+        key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
+        for key, s in spec.items()
+    }
+    for name, loss_fn in recipe.losses().items():
+        try:
+            forward(loss_fn, name, models, frozenset(), (), batch)
+        except BeatloopError:
+            raise
+        except Exception as error:  # a user's model meeting the data: say which, briefly
+            raise DataError(_failure(recipe, name, spec, error)) from None
+
+
+def _bind(recipe, models, optimizers, spec) -> BoundSchedule:
+    try:
+        return bind(
+            recipe.schedule(),
+            models,
+            optimizers,
+            recipe.losses(),
+            spec,
+            context=f"recipe {recipe.name!r}'s schedule",
+        )
+    except BeatloopError:
+        raise
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+        raise DataError(_failure(recipe, "schedule", spec, error)) from None
+
+
+def _failure(recipe: Recipe, what: str, spec, error: Exception) -> str:
+    shapes = ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items())
+    message = str(error).strip().splitlines()
+    detail = " ".join(line.strip() for line in message[:6])
+    return (
+        f"recipe {recipe.name!r}: running its {what} on batches of {{{shapes}}} failed: "
+        f"{type(error).__name__}: {detail}"
+    )

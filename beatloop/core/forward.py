@@ -1,0 +1,91 @@
+"""The forward half of a beat: call the loss with models in the declared mode, add
+regularisation, and split the loss from the outputs metrics need.
+
+Shared by the compiled step, validation and the binding's gradient probe, so the three
+can never disagree about what a beat's loss is.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+
+import keras
+import tensorflow as tf
+
+from beatloop.core.errors import BeatloopError
+
+
+class ModelCalls(Mapping[str, Callable]):
+    """The recipe's models by name, each called in the mode its beat declares.
+
+    ``models["generator"](z)`` calls the generator with ``training=True`` if the beat
+    runs it in training mode, else ``training=False``. ``models.raw(name)`` gives the
+    model itself (its variables, sub-models).
+    """
+
+    def __init__(self, models: Mapping[str, keras.Layer], training: frozenset[str]):
+        self._models = models
+        self._training = training
+
+    def __getitem__(self, name: str) -> Callable:
+        return functools.partial(self._models[name], training=name in self._training)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def raw(self, name: str) -> keras.Layer:
+        """The model object itself, for its variables or sub-layers."""
+        return self._models[name]
+
+    def is_training(self, name: str) -> bool:
+        """Whether ``name`` runs in training mode in this beat."""
+        return name in self._training
+
+
+def split_loss_output(result, beat_name: str) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """A loss function returns a scalar or ``{"loss": scalar, ...}``; return both parts."""
+    if isinstance(result, Mapping):
+        if "loss" not in result:
+            raise BeatloopError(
+                f"the loss of beat {beat_name!r} returned a dict without a 'loss' entry "
+                f"(keys: {sorted(result)}); put the scalar to minimise under 'loss'"
+            )
+        outputs = dict(result)
+        loss = outputs.pop("loss")
+    else:
+        loss, outputs = result, {}
+    loss = tf.convert_to_tensor(loss)
+    if loss.shape.rank not in (0, None):
+        raise BeatloopError(
+            f"the loss of beat {beat_name!r} must be a scalar, got shape {loss.shape}; "
+            "reduce it (e.g. tf.reduce_mean) before returning it"
+        )
+    if loss.dtype != tf.float32:
+        loss = tf.cast(loss, tf.float32)
+    return loss, outputs
+
+
+def forward(
+    loss_fn: Callable,
+    beat_name: str,
+    models: Mapping[str, keras.Layer],
+    training: frozenset[str],
+    regularised: tuple[keras.Layer, ...],
+    batch: Mapping[str, tf.Tensor],
+) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """Run one beat's loss; add the regularisation losses of the models it updates.
+
+    Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
+    loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
+    """
+    loss, outputs = split_loss_output(loss_fn(ModelCalls(models, training), batch), beat_name)
+    extra = [
+        tf.reduce_sum(tf.cast(term, tf.float32)) for model in regularised for term in model.losses
+    ]
+    if extra:
+        loss = tf.reduce_sum(tf.stack([loss, *extra]))
+    return loss, outputs

@@ -1,0 +1,101 @@
+"""The Recipe base class: what a training step is, declared once per kind of training.
+
+A recipe builds its models and optimizers, defines its losses, and returns its beat
+schedule; the engine does everything else. Subclasses set ``name`` and ``Config`` and
+implement the abstract parts; registration checks that they did.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import attrs
+import keras
+import tensorflow as tf
+
+from beatloop.core.batches import DataSplit
+from beatloop.core.beats import Schedule
+from beatloop.core.forward import ModelCalls
+
+LossOutput = tf.Tensor | Mapping[str, tf.Tensor]
+LossFn = Callable[[ModelCalls, Mapping[str, tf.Tensor]], LossOutput]
+
+
+@attrs.frozen
+class NoConfig:
+    """Config of a recipe with nothing to configure."""
+
+
+class Recipe(abc.ABC):
+    """Base class of every recipe. One instance is one configured run's recipe.
+
+    Subclasses define:
+
+    - ``name``: the registry name; ``Config``: an attrs frozen class of its settings;
+    - ``default_data(seed)``: a :class:`DataSplit` built from data that ships locally;
+    - ``build_models(batch_spec)``: models by name, built for batches of that spec;
+    - ``build_optimizers()``: optimizers by name;
+    - ``losses()``: loss functions by name; each takes ``(models, batch)`` and returns a
+      scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need;
+    - ``schedule()``: the :class:`Schedule` of one step.
+
+    Optional: ``batch_keys`` (key -> minimum rank), ``build_metrics()`` and
+    ``update_metrics()``, ``inference_models`` (what export writes).
+    """
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoConfig
+    batch_keys: ClassVar[Mapping[str, int]] = {}
+
+    def __init__(self, config: Any = None):
+        self.config = self.Config() if config is None else config
+
+    @classmethod
+    def description(cls) -> str:
+        """The first line of the class docstring: what ``beatloop list`` shows."""
+        doc = inspect.getdoc(cls) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+    @abc.abstractmethod
+    def default_data(self, seed: int) -> DataSplit:
+        """Training and validation data for a run that passes none."""
+
+    @abc.abstractmethod
+    def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
+        """Create this recipe's models for batches of ``batch_spec``."""
+
+    @abc.abstractmethod
+    def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+        """Create this recipe's optimizers (unbuilt: the engine builds them at bind)."""
+
+    @abc.abstractmethod
+    def losses(self) -> dict[str, LossFn]:
+        """Loss functions by the names the schedule's beats use."""
+
+    @abc.abstractmethod
+    def schedule(self) -> Schedule:
+        """The beats of one training step."""
+
+    def build_metrics(self) -> dict[str, keras.metrics.Metric]:
+        """Metrics updated each step (and, as separate instances, each validation step)."""
+        return {}
+
+    def update_metrics(
+        self,
+        metrics: Mapping[str, keras.metrics.Metric],
+        batch: Mapping[str, tf.Tensor],
+        outputs: Mapping[str, Mapping[str, tf.Tensor]],
+    ) -> None:
+        """Update ``metrics`` from a batch and each beat's outputs (by beat name)."""
+
+    def check_batch_spec(self, spec: Mapping[str, tf.TensorSpec]) -> list[str]:
+        """Recipe-specific problems with a batch spec, beyond ``batch_keys``."""
+        return []
+
+    @property
+    def inference_models(self) -> tuple[str, ...]:
+        """The models a user keeps after training (what export writes)."""
+        return ()

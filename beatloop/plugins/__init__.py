@@ -1,0 +1,1 @@
+"""Plugins: pluggy hooks, the recipe registry, and the built-in callbacks."""

@@ -1,0 +1,19 @@
+"""The built-in recipes and callbacks, registered through the same hooks as plugins."""
+
+from __future__ import annotations
+
+from beatloop.plugins.hookspecs import hookimpl
+
+
+@hookimpl
+def register_recipes() -> list[type]:
+    from beatloop.recipes.supervised import Supervised
+
+    return [Supervised]
+
+
+@hookimpl
+def register_callbacks() -> list[type]:
+    from beatloop.plugins.callbacks import CsvLogger, JsonLinesLogger, ProgressBar
+
+    return [ProgressBar, JsonLinesLogger, CsvLogger]

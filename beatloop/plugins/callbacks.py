@@ -1,0 +1,151 @@
+"""Built-in callbacks: per-epoch history, a progress bar, and log files in the run dir."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from beatloop.core.callbacks import Callback, Run
+
+
+class History(Callback):
+    """Collects each epoch's logs into ``history[name] -> [value per epoch]``."""
+
+    def __init__(self):
+        self.history: dict[str, list[float]] = {}
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        for name, value in logs.items():
+            self.history.setdefault(name, []).append(value)
+
+
+def format_logs(logs: Mapping[str, float]) -> str:
+    return "  ".join(f"{name} {value:.4g}" for name, value in logs.items())
+
+
+class ProgressBar(Callback):
+    """A rich progress bar with the running losses and throughput on a terminal; one
+    line per epoch elsewhere (pipes, CI logs)."""
+
+    callback_name = "progress"
+
+    def __init__(self, stream=None, refresh_seconds: float = 0.1):
+        self.stream = stream or sys.stdout
+        self.refresh_seconds = refresh_seconds
+        self._progress = None
+        self._task = None
+
+    def on_epoch_start(self, run: Run, epoch: int) -> None:
+        self._started = time.perf_counter()
+        self._examples = run.examples
+        self._last_refresh = 0.0
+        if self.stream.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._progress = Progress(
+                TextColumn(f"epoch {epoch + 1}/{run.epochs}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self._task = self._progress.add_task("train", total=run.steps_per_epoch, status="")
+            self._progress.start()
+
+    def on_execution_end(self, run: Run, steps: int, logs: Mapping[str, float]) -> None:
+        if self._progress is None:
+            return
+        now = time.perf_counter()
+        status = None
+        if now - self._last_refresh >= self.refresh_seconds:
+            self._last_refresh = now
+            losses = run.bound.beats
+            names = [b.beat.name for b in losses]
+            shown = {name: logs[name] for name in names}
+            status = f"{format_logs(shown)}  {self._rate(run, now):,.0f} examples/s"
+        if status is None:
+            self._progress.advance(self._task, steps)
+        else:
+            self._progress.update(self._task, advance=steps, status=status)
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        rate = self._rate(run, time.perf_counter())
+        print(
+            f"epoch {epoch + 1}/{run.epochs}  {format_logs(logs)}  ({rate:,.0f} examples/s)",
+            file=self.stream,
+            flush=True,
+        )
+
+    def on_exception(self, run: Run, error: BaseException) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _rate(self, run: Run, now: float) -> float:
+        elapsed = max(now - self._started, 1e-9)
+        return (run.examples - self._examples) / elapsed
+
+
+def _jsonable(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class JsonLinesLogger(Callback):
+    """Appends one JSON object per epoch (epoch, step and every logged figure) to
+    ``history.jsonl`` in the run dir; flushed each line so a crash loses nothing."""
+
+    callback_name = "jsonl"
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = None if path is None else Path(path)
+
+    def on_fit_start(self, run: Run) -> None:
+        if self.path is None:
+            if run.run_dir is None:
+                raise ValueError("JsonLinesLogger needs a path or a run with a run_dir")
+            self.path = Path(run.run_dir) / "history.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        record = {"epoch": epoch + 1, "step": run.step}
+        record.update({k: _jsonable(v) for k, v in logs.items()})
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class CsvLogger(Callback):
+    """Writes ``history.csv`` in the run dir: a header, then one row per epoch."""
+
+    callback_name = "csv"
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = None if path is None else Path(path)
+        self._fields: list[str] | None = None
+
+    def on_fit_start(self, run: Run) -> None:
+        if self.path is None:
+            if run.run_dir is None:
+                raise ValueError("CsvLogger needs a path or a run with a run_dir")
+            self.path = Path(run.run_dir) / "history.csv"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        row = {"epoch": epoch + 1, "step": run.step, **logs}
+        new_file = not self.path.exists() or self.path.stat().st_size == 0
+        if self._fields is None:
+            self._fields = list(row)
+        with self.path.open("a", encoding="utf-8", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self._fields, extrasaction="ignore")
+            if new_file:
+                writer.writeheader()
+            writer.writerow(row)

@@ -1,0 +1,22 @@
+"""beatloop's pluggy hooks. One project name, ``beatloop``, marks hooks, names the
+plugin manager and is the entry-point group third-party packages declare."""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "beatloop"
+ENTRY_POINT_GROUP = PROJECT
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def register_recipes() -> list[type]:
+    """Return the Recipe classes this plugin adds (subclasses of ``beatloop.Recipe``)."""
+
+
+@hookspec
+def register_callbacks() -> list[type]:
+    """Return Callback classes a run can name (each sets ``callback_name``)."""

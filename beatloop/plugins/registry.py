@@ -1,0 +1,219 @@
+"""The recipe and callback registry, filled through pluggy from the built-in plugin and
+from every installed package's ``beatloop`` entry points.
+
+Nothing loads at import: the registry fills the first time it is asked for a name.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import os
+import warnings
+
+import attrs
+import pluggy
+
+from beatloop.core.callbacks import Callback
+from beatloop.core.errors import RecipeNotFoundError, RegistrationError, did_you_mean
+from beatloop.core.recipe import Recipe
+from beatloop.plugins import builtin, hookspecs
+
+BUILTIN = "built-in"
+DISABLE_AUTOLOAD = "BEATLOOP_DISABLE_PLUGIN_AUTOLOAD"
+
+
+@attrs.frozen
+class Entry:
+    """A registered class and where it came from."""
+
+    name: str
+    cls: type
+    origin: str  # "built-in", a distribution name, or "registered in <module>"
+    plugin: str
+
+
+@attrs.frozen
+class PluginFailure:
+    """A plugin that could not be loaded or whose hooks failed."""
+
+    plugin: str
+    origin: str
+    error: str
+
+
+def check_recipe_class(cls: object, origin: str) -> None:
+    """Refuse a class that cannot work as a recipe, naming every missing part."""
+    if not (inspect.isclass(cls) and issubclass(cls, Recipe)):
+        raise RegistrationError(
+            f"{origin} registered {cls!r}, which is not a beatloop.Recipe subclass"
+        )
+    problems = []
+    if not isinstance(cls.name, str) or not cls.name.isidentifier():
+        problems.append(f"a `name` that is a Python-style identifier (found {cls.name!r})")
+    if not attrs.has(cls.Config):
+        problems.append(f"a `Config` that is an attrs class (found {cls.Config!r})")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        problems.append(f"the method(s) {', '.join(missing)}")
+    if problems:
+        raise RegistrationError(
+            f"recipe class {cls.__module__}.{cls.__qualname__} from {origin} lacks "
+            + "; ".join(problems)
+        )
+
+
+class Registry:
+    """Recipes and callbacks by name, with their origins and the plugins that failed."""
+
+    def __init__(self, load_entry_points: bool = True):
+        self.manager = pluggy.PluginManager(hookspecs.PROJECT)
+        self.manager.add_hookspecs(hookspecs)
+        self.recipes: dict[str, Entry] = {}
+        self.callbacks: dict[str, Entry] = {}
+        self.failures: list[PluginFailure] = []
+        self._origins: dict[str, str] = {}
+        self._add_plugin(builtin, "beatloop.builtin", BUILTIN)
+        if load_entry_points:
+            self._load_entry_points()
+        self._collect()
+
+    # -- loading ------------------------------------------------------------------
+    def _load_entry_points(self) -> None:
+        for entry_point in importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+            origin = entry_point.dist.name if entry_point.dist else entry_point.value
+            try:
+                plugin = entry_point.load()
+            except Exception as error:
+                self._fail(
+                    entry_point.name, origin, f"import failed: {type(error).__name__}: {error}"
+                )
+                continue
+            self._add_plugin(plugin, entry_point.name, origin)
+
+    def _add_plugin(self, plugin: object, name: str, origin: str) -> None:
+        try:
+            self.manager.register(plugin, name=name)
+            self.manager.check_pending()
+        except Exception as error:
+            if self.manager.is_registered(plugin):
+                self.manager.unregister(plugin)
+            self._fail(name, origin, f"{type(error).__name__}: {error}")
+            return
+        self._origins[name] = origin
+
+    def _fail(self, plugin: str, origin: str, error: str) -> None:
+        self.failures.append(PluginFailure(plugin, origin, error))
+        warnings.warn(
+            f"beatloop plugin {plugin!r} ({origin}) was not loaded: {error}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _collect(self) -> None:
+        for hook, table, check in (
+            (self.manager.hook.register_recipes, self.recipes, self._check_recipe),
+            (self.manager.hook.register_callbacks, self.callbacks, self._check_callback),
+        ):
+            for impl in hook.get_hookimpls():
+                origin = self._origins[impl.plugin_name]
+                try:
+                    classes = list(impl.function() or ())
+                except Exception as error:
+                    self._fail(impl.plugin_name, origin, f"{hook.name}() raised {error!r}")
+                    continue
+                for cls in classes:
+                    check(cls, f"plugin {impl.plugin_name!r} ({origin})")
+                    self._add(table, cls, origin, impl.plugin_name)
+
+    @staticmethod
+    def _check_recipe(cls, origin):
+        check_recipe_class(cls, origin)
+
+    @staticmethod
+    def _check_callback(cls, origin):
+        if not (inspect.isclass(cls) and issubclass(cls, Callback)):
+            raise RegistrationError(
+                f"{origin} registered {cls!r}, which is not a beatloop.Callback subclass"
+            )
+        if not cls.callback_name.isidentifier():
+            raise RegistrationError(
+                f"callback class {cls.__qualname__} from {origin} needs a `callback_name` "
+                f"identifier to be named on the command line (found {cls.callback_name!r})"
+            )
+
+    @staticmethod
+    def _add(table: dict[str, Entry], cls: type, origin: str, plugin: str) -> None:
+        name = cls.name if issubclass(cls, Recipe) else cls.callback_name
+        existing = table.get(name)
+        if existing is not None and existing.cls is not cls:
+            raise RegistrationError(
+                f"two classes are registered as {name!r}: {existing.cls.__module__}."
+                f"{existing.cls.__qualname__} from {existing.origin} and {cls.__module__}."
+                f"{cls.__qualname__} from {origin}; uninstall one or rename it"
+            )
+        table[name] = Entry(name, cls, origin, plugin)
+
+    # -- lookups --------------------------------------------------------------------
+    def register(self, cls: type) -> type:
+        """Register a recipe class from a script or notebook, without packaging."""
+        origin = f"registered in {cls.__module__}"
+        check_recipe_class(cls, origin)
+        self._add(self.recipes, cls, origin, cls.__module__)
+        return cls
+
+    def recipe(self, name: str) -> Entry:
+        if not isinstance(name, str):
+            raise TypeError(f"a recipe name is a string, got {type(name).__name__}")
+        try:
+            return self.recipes[name]
+        except KeyError:
+            raise RecipeNotFoundError(name, self.recipes) from None
+
+    def callback(self, name: str) -> Entry:
+        try:
+            return self.callbacks[name]
+        except KeyError:
+            raise RegistrationError(
+                f"no callback named {name!r}{did_you_mean(name, self.callbacks)}; "
+                f"known callbacks: {', '.join(sorted(self.callbacks)) or '(none)'}"
+            ) from None
+
+    def recipe_names(self) -> list[str]:
+        return sorted(self.recipes)
+
+
+_REGISTRY: Registry | None = None
+
+
+def registry() -> Registry:
+    """The process-wide registry, filled on first use (entry points unless disabled)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = Registry(load_entry_points=not _autoload_disabled())
+    return _REGISTRY
+
+
+def reset_registry() -> None:
+    """Forget the registry so the next lookup reloads plugins (after installing one)."""
+    global _REGISTRY
+    _REGISTRY = None
+
+
+def _autoload_disabled() -> bool:
+    return os.environ.get(DISABLE_AUTOLOAD, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def recipes() -> list[str]:
+    """Sorted names of every registered recipe."""
+    return registry().recipe_names()
+
+
+def get_recipe(name: str) -> type[Recipe]:
+    """The Recipe class registered as ``name``."""
+    return registry().recipe(name).cls
+
+
+def register(cls: type[Recipe]) -> type[Recipe]:
+    """Register a recipe class at run time; usable as a class decorator."""
+    return registry().register(cls)

@@ -1,0 +1,1 @@
+"""Built-in recipes, one module each; registered through beatloop's own plugin hook."""

@@ -1,0 +1,97 @@
+"""The supervised recipe: one model, one loss, one optimizer — ``fit``'s case, as a
+one-beat schedule, and the reference the other recipes are measured against."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import attrs
+import keras
+import tensorflow as tf
+
+from beatloop import data
+from beatloop.core.batches import DataSplit
+from beatloop.core.beats import Beat, Schedule
+from beatloop.core.forward import ModelCalls
+from beatloop.core.recipe import Recipe
+
+OPTIMIZERS = {
+    "adam": keras.optimizers.Adam,
+    "adamw": keras.optimizers.AdamW,
+    "sgd": keras.optimizers.SGD,
+    "rmsprop": keras.optimizers.RMSprop,
+}
+
+_positive = attrs.validators.gt(0)
+
+
+@attrs.frozen
+class SupervisedConfig:
+    """Settings of the supervised recipe."""
+
+    hidden: int = attrs.field(default=64, validator=_positive)
+    classes: int = attrs.field(default=10, validator=_positive)
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = attrs.field(
+        default="adam", validator=attrs.validators.in_(tuple(OPTIMIZERS))
+    )
+    learning_rate: float = attrs.field(default=1e-3, validator=_positive)
+    batch_size: int = attrs.field(default=32, validator=_positive)
+    validation_fraction: float = attrs.field(
+        default=0.2, validator=[attrs.validators.gt(0), attrs.validators.lt(1)]
+    )
+
+
+class Supervised(Recipe):
+    """Classification with one model and sparse cross-entropy (digits by default)."""
+
+    name = "supervised"
+    Config = SupervisedConfig
+    batch_keys = {"x": 2, "y": 1}
+
+    def default_data(self, seed: int) -> DataSplit:
+        return data.digits(seed, self.config.batch_size, self.config.validation_fraction)
+
+    def check_batch_spec(self, spec: Mapping[str, tf.TensorSpec]) -> list[str]:
+        y = spec["y"]
+        if y.shape.rank is not None and y.shape.rank > 2:
+            return [f"'y' must hold class indices of shape (batch,) or (batch, 1), found {y.shape}"]
+        if not (y.dtype.is_integer or y.dtype.is_floating):
+            return [f"'y' must hold numeric class indices, found dtype {y.dtype.name}"]
+        return []
+
+    def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
+        features = tuple(batch_spec["x"].shape[1:])
+        layers = [keras.Input(shape=features)]
+        if len(features) > 1:
+            layers.append(keras.layers.Flatten())
+        layers += [
+            keras.layers.Dense(self.config.hidden, activation="relu"),
+            keras.layers.Dense(self.config.classes),
+        ]
+        return {"model": keras.Sequential(layers, name="classifier")}
+
+    def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+        optimizer = OPTIMIZERS[self.config.optimizer](learning_rate=self.config.learning_rate)
+        return {"optimizer": optimizer}
+
+    def losses(self):
+        return {"loss": self.cross_entropy}
+
+    def schedule(self) -> Schedule:
+        return Schedule(Beat(loss="loss", optimizer="optimizer", updates="model"))
+
+    def cross_entropy(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        logits = models["model"](batch["x"])
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(batch["y"], logits)
+        return {"loss": loss, "logits": logits}
+
+    def build_metrics(self) -> dict[str, keras.metrics.Metric]:
+        return {"accuracy": keras.metrics.SparseCategoricalAccuracy(name="accuracy")}
+
+    def update_metrics(self, metrics, batch, outputs) -> None:
+        metrics["accuracy"].update_state(batch["y"], outputs["loss"]["logits"])
+
+    @property
+    def inference_models(self) -> tuple[str, ...]:
+        return ("model",)
