@@ -49,6 +49,7 @@ def fit(
     callbacks: Sequence[Callback] = (),
     seed: int | None = None,
     steps_per_execution: int = 1,
+    steps_per_epoch: int | None = None,
     debug: bool = False,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
@@ -59,6 +60,7 @@ def fit(
     batched ``(x, y)`` tuples or dicts; ``None`` takes the recipe's built-in data.
     ``seed`` seeds Python, NumPy and TensorFlow (a random seed is drawn and recorded
     when omitted). ``steps_per_execution`` runs that many steps per compiled call;
+    ``steps_per_epoch`` ends epochs after that many steps (needed for endless data);
     ``debug`` runs eagerly and stops at the first non-finite loss or gradient.
     ``progress``: show a progress bar (``None``: only on a terminal).
     """
@@ -69,7 +71,9 @@ def fit(
     elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     try:
-        options = EngineOptions(steps_per_execution=steps_per_execution, debug=debug)
+        options = EngineOptions(
+            steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch
+        )
     except (TypeError, ValueError) as error:
         raise ConfigError(f"invalid engine option: {error}") from None
     recipe = make_recipe(recipe, config)

@@ -31,6 +31,12 @@ class EngineOptions:
         default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)]
     )
     debug: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    steps_per_epoch: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(
+            [attrs.validators.instance_of(int), attrs.validators.ge(1)]
+        ),
+    )
 
 
 class Engine:
@@ -86,8 +92,9 @@ class Engine:
                 data.validation.element_spec,
                 compiled=compiled,
             )
-        cardinality = int(data.train.cardinality())
+        steps_per_epoch = _steps_per_epoch(data, options)
         self.callbacks = CallbackList(callbacks)
+        self._iterator = None
         self.run = Run(
             recipe=recipe,
             bound=self.bound,
@@ -95,7 +102,7 @@ class Engine:
             run_dir=run_dir,
             epochs=0,
             steps_per_execution=options.steps_per_execution,
-            steps_per_epoch=cardinality if cardinality >= 0 else None,
+            steps_per_epoch=steps_per_epoch,
             seed=seed,
         )
 
@@ -121,14 +128,23 @@ class Engine:
     def _run_epoch(self, run: Run, epoch: int) -> dict[str, float]:
         self.train_metrics.reset()
         self.callbacks.fire("epoch_start", run, epoch)
-        iterator = iter(self.data.train)
-        steps = 0
+        # With steps_per_epoch set, one iterator spans epochs (as with Keras); otherwise
+        # each epoch is one pass over the data.
+        if self._iterator is None or self.options.steps_per_epoch is None:
+            self._iterator = iter(self.data.train)
+        target, steps = run.steps_per_epoch, 0
         while True:
+            limit = self.options.steps_per_execution
+            if target is not None:
+                limit = min(limit, target - steps)
             self.callbacks.fire("execution_start", run)
-            ran = self.train_loop(iterator)
+            ran = self.train_loop(self._iterator, limit)
             steps += ran
             self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.results))
-            if ran < self.options.steps_per_execution:
+            if ran < limit:  # the data ran out; start afresh next epoch
+                self._iterator = None
+                break
+            if steps == target:
                 break
         if steps == 0:
             raise DataError(f"the training data set gave no batches in epoch {epoch}")
@@ -145,7 +161,8 @@ class Engine:
         self.validation_metrics.reset()
         self.callbacks.fire("validation_start", run)
         iterator = iter(self.data.validation)
-        while self.validation_loop(iterator) == self.options.steps_per_execution:
+        limit = self.options.steps_per_execution
+        while self.validation_loop(iterator, limit) == limit:
             pass
         logs = self.validation_metrics.results()
         self.callbacks.fire("validation_end", run, logs)
@@ -173,6 +190,22 @@ def _check_data(recipe: Recipe, data: DataSplit) -> None:
                 )
     if problems:
         raise DataError("; ".join(problems))
+
+
+def _steps_per_epoch(data: DataSplit, options: EngineOptions) -> int | None:
+    """Steps in one epoch: the option if given, else the data set's length if known."""
+    for role, dataset in (("training", data.train), ("validation", data.validation)):
+        if dataset is None or dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
+            continue
+        if role == "validation" or options.steps_per_epoch is None:
+            raise DataError(
+                f"the {role} data set repeats forever (.repeat() without a count); "
+                + ("give it an end" if role == "validation" else "pass steps_per_epoch=N")
+            )
+    if options.steps_per_epoch is not None:
+        return options.steps_per_epoch
+    cardinality = int(data.train.cardinality())
+    return cardinality if cardinality >= 0 else None
 
 
 def _replace(built: Mapping, replacements: Mapping | None, kind: str, recipe_name: str) -> dict:

@@ -103,15 +103,18 @@ class CompiledLoop:
         self.step_fn = step_fn
         self.steps_per_execution = steps_per_execution
         self.trace_count = 0
+        self._limits: dict[int, tf.Tensor] = {}
         if compiled:
-            signature = [tf.data.IteratorSpec(dict(element_spec))]
+            signature = [
+                tf.data.IteratorSpec(dict(element_spec)),
+                tf.TensorSpec([], tf.int32, name="limit"),
+            ]
             self._call = tf.function(self._loop, input_signature=signature)
         else:
             self._call = self._loop
 
-    def _loop(self, iterator) -> tf.Tensor:
+    def _loop(self, iterator, limit: tf.Tensor) -> tf.Tensor:
         self.trace_count += 1
-        limit = self.steps_per_execution
 
         def more(count, next_batch):
             return tf.logical_and(count < limit, next_batch.has_value())
@@ -127,9 +130,13 @@ class CompiledLoop:
         count, _ = tf.while_loop(more, body, (tf.constant(0), iterator.get_next_as_optional()))
         return count
 
-    def __call__(self, iterator) -> int:
-        """Run up to K steps; return how many ran (fewer means the data set ended)."""
-        return int(self._call(iterator))
+    def __call__(self, iterator, limit: int | None = None) -> int:
+        """Run up to ``limit`` (at most K) steps; return how many ran (fewer means the
+        data set ended)."""
+        limit = self.steps_per_execution if limit is None else min(limit, self.steps_per_execution)
+        if limit not in self._limits:
+            self._limits[limit] = tf.constant(limit, tf.int32)
+        return int(self._call(iterator, self._limits[limit]))
 
 
 def _ran(_outputs) -> tf.Tensor:

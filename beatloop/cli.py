@@ -1,0 +1,147 @@
+"""The ``beatloop`` command: ``list``, ``show NAME``, ``run NAME``.
+
+TensorFlow is imported only after the log level is set, so start-up noise stays quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="beatloop", description="Run TensorFlow training recipes by name."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", help="registered recipes and where they come from")
+    listing.add_argument(
+        "--verbose", "-v", action="store_true", help="modules, plugins, failed plugins"
+    )
+
+    show = commands.add_parser("show", help="a recipe's config fields and beat schedule")
+    show.add_argument("recipe")
+    show.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+
+    run = commands.add_parser("run", help="train a recipe")
+    run.add_argument("recipe")
+    run.add_argument("--epochs", type=int, default=1)
+    run.add_argument("--seed", type=int, default=None, help="seed Python, NumPy and TensorFlow")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field (repeatable); see `beatloop show RECIPE`",
+    )
+    run.add_argument(
+        "--run-dir", type=Path, default=None, help="where logs go (default runs/RECIPE-TIME)"
+    )
+    run.add_argument("--steps-per-execution", type=int, default=1, metavar="K")
+    run.add_argument(
+        "--callback", action="append", default=[], metavar="NAME", help="a registered callback"
+    )
+    run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = _parser().parse_args(argv)
+    from beatloop.core.errors import BeatloopError
+
+    try:
+        return {"list": _list, "show": _show, "run": _run}[args.command](args)
+    except BeatloopError as error:
+        print(f"beatloop: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _list(args) -> int:
+    from beatloop.plugins.registry import registry
+
+    reg = registry()
+    entries = [reg.recipes[name] for name in reg.recipe_names()]
+    width = max((len(e.name) for e in entries), default=4)
+    for entry in entries:
+        print(f"{entry.name:<{width}}  {entry.cls.description()}  [{entry.origin}]")
+        if args.verbose:
+            print(f"{'':<{width}}    module: {entry.cls.__module__}  plugin: {entry.plugin}")
+    if args.verbose:
+        for name in sorted(reg.callbacks):
+            entry = reg.callbacks[name]
+            print(
+                f"callback {name}: {entry.cls.__module__}.{entry.cls.__qualname__} [{entry.origin}]"
+            )
+        for failure in reg.failures:
+            print(f"failed plugin {failure.plugin} [{failure.origin}]: {failure.error}")
+    return 0
+
+
+def _show(args) -> int:
+    import attrs
+
+    from beatloop.core.binding import bind
+    from beatloop.core.config import config_fields, parse_settings, type_name
+    from beatloop.fitting import make_recipe
+    from beatloop.plugins.registry import get_recipe
+
+    cls = get_recipe(args.recipe)
+    recipe = make_recipe(cls, parse_settings(args.set, cls.Config, f"recipe {cls.name!r}"))
+    print(f"{cls.name}: {cls.description()}")
+    print("\nconfig:")
+    for field in config_fields(cls.Config):
+        default = field.default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory()
+        value = getattr(recipe.config, field.name)
+        print(f"  {field.name}: {type_name(field.type)} = {value!r}  (default {default!r})")
+    schedule = recipe.schedule()
+    print("\nschedule (one step):")
+    for line in schedule.describe().splitlines():
+        print(f"  {line}")
+    spec = recipe.default_data(0).train.element_spec
+    bound = bind(schedule, recipe.build_models(spec), recipe.build_optimizers(), recipe.losses())
+    print("\nvariables each beat updates (default models):")
+    for line in bound.describe_variables().splitlines():
+        print(f"  {line}")
+    return 0
+
+
+def _run(args) -> int:
+    from beatloop.core.config import parse_settings
+    from beatloop.fitting import fit
+    from beatloop.plugins.registry import get_recipe, registry
+
+    cls = get_recipe(args.recipe)
+    overrides = parse_settings(args.set, cls.Config, f"recipe {cls.name!r}")
+    callbacks = [registry().callback(name).cls() for name in args.callback]
+    run_dir = args.run_dir or Path("runs") / f"{cls.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = fit(
+        cls,
+        config=overrides,
+        epochs=args.epochs,
+        seed=args.seed,
+        steps_per_execution=args.steps_per_execution,
+        callbacks=callbacks,
+        debug=args.debug,
+        run_dir=run_dir,
+        progress=not args.no_progress,
+    )
+    final = {name: values[-1] for name, values in result.history.items()}
+    print(
+        f"{cls.name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
+        + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
+    )
+    print(f"run dir: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The engine: compiled loop, step counter, beats' repeat/every/transform/training,
+validation in inference mode, events, and debug mode."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import classifier, tuple_batches, weights
+
+import beatloop
+from beatloop import Beat, Callback, ClipByValue, Recipe, Schedule
+from beatloop.core.batches import as_data_split
+from beatloop.core.engine import Engine, EngineOptions
+
+
+def engine_for(train, validation=None, model=None, options=EngineOptions(), callbacks=(), lr=1e-2):
+    recipe = beatloop.make_recipe("supervised", {"hidden": 16})
+    return Engine(
+        recipe,
+        as_data_split((train, validation)),
+        models={"model": model or classifier()},
+        optimizers={"optimizer": keras.optimizers.Adam(lr)},
+        options=options,
+        callbacks=callbacks,
+    )
+
+
+def test_short_last_batch_does_not_retrace(small_digits):
+    train, validation = small_digits
+    engine = engine_for(tuple_batches(train, 64), tuple_batches(validation, 64))  # 64,64,64,8
+    engine.fit(3)
+    assert engine.train_loop.trace_count == 1
+    assert engine.validation_loop.trace_count == 1
+    assert int(engine.state.step) == 3 * 4
+    assert int(engine.state.examples) == 3 * 200
+
+
+@pytest.mark.parametrize("k", [3, 32])
+def test_steps_per_execution_runs_k_steps_per_call_with_identical_results(small_digits, k):
+    train, _ = small_digits
+    executions = []
+
+    class CountSteps(Callback):
+        def on_execution_end(self, run, steps, logs):
+            executions.append(steps)
+
+    one = engine_for(tuple_batches(train, 16), model=classifier(seed=1))
+    one.fit(2)
+    many = engine_for(
+        tuple_batches(train, 16),
+        model=classifier(seed=1),
+        options=EngineOptions(steps_per_execution=k),
+        callbacks=[CountSteps()],
+    )
+    many.fit(2)
+    steps_per_epoch = 13  # 200 / 16, rounded up
+    full, rest = divmod(steps_per_epoch, k)
+    assert executions == 2 * ([k] * full + [rest])
+    assert int(many.state.step) == int(one.state.step) == 2 * steps_per_epoch
+    for a, b in zip(
+        weights(one.bound.models["model"]), weights(many.bound.models["model"]), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_validation_runs_in_inference_mode_and_touches_no_variable(small_digits):
+    train, validation = small_digits
+    model = classifier(extra_layers=[keras.layers.BatchNormalization(), keras.layers.Dropout(0.5)])
+    engine = engine_for(tuple_batches(train, 32), tuple_batches(validation, 32), model=model)
+    engine.fit(1)
+    every_variable = [*model.weights, *engine.bound.optimizers["optimizer"].variables]
+    every_variable += [engine.state.step, engine.state.epoch]
+    before = [np.array(v.numpy()) for v in every_variable]
+    logs = engine.validate(engine.run)
+    for b, v in zip(before, every_variable, strict=True):
+        np.testing.assert_array_equal(b, v.numpy())
+    # Inference mode: dropout off, batch-norm moving statistics used.
+    logits = model(validation["x"], training=False)
+    expected = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(validation["y"], logits)
+    assert logs["val_loss"] == pytest.approx(float(expected), rel=1e-5)
+    accuracy = np.mean(np.argmax(logits, axis=1) == validation["y"])
+    assert logs["val_accuracy"] == pytest.approx(accuracy)
+
+
+def test_validation_metrics_reset_each_epoch(small_digits):
+    train, validation = small_digits
+    model = classifier()
+    engine = engine_for(tuple_batches(train, 32), tuple_batches(validation, 32), model=model)
+    logs = engine.fit(3)
+    logits = model(validation["x"], training=False)
+    expected = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(validation["y"], logits)
+    # Only the last epoch's validation counts: a running mean over epochs would differ.
+    assert logs["val_loss"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_events_fire_in_order(small_digits):
+    train, validation = small_digits
+    seen = []
+
+    class Recorder(Callback):
+        def on_fit_start(self, run):
+            seen.append("fit_start")
+
+        def on_epoch_start(self, run, epoch):
+            seen.append(f"epoch_start {epoch}")
+
+        def on_execution_start(self, run):
+            seen.append("execution_start")
+
+        def on_execution_end(self, run, steps, logs):
+            seen.append(f"execution_end {steps} {run.step}")
+
+        def on_validation_start(self, run):
+            seen.append("validation_start")
+
+        def on_validation_end(self, run, logs):
+            seen.append(f"validation_end {sorted(logs)}")
+
+        def on_epoch_end(self, run, epoch, logs):
+            seen.append(f"epoch_end {epoch} {sorted(logs)}")
+
+        def on_fit_end(self, run, logs):
+            seen.append("fit_end")
+
+    engine = engine_for(
+        tuple_batches(train, 100),
+        tuple_batches(validation, 100),
+        options=EngineOptions(steps_per_execution=2),
+        callbacks=[Recorder()],
+    )
+    engine.fit(2)
+    epoch = [
+        "execution_start",
+        "execution_end 2 {}",  # the data set's length is known: no empty call after it
+        "validation_start",
+        "validation_end ['val_accuracy', 'val_loss']",
+    ]
+    logs = "['accuracy', 'loss', 'val_accuracy', 'val_loss']"
+    assert seen == [
+        "fit_start",
+        "epoch_start 0",
+        *[e.format(2) for e in epoch],
+        f"epoch_end 0 {logs}",
+        "epoch_start 1",
+        *[e.format(4) for e in epoch],
+        f"epoch_end 1 {logs}",
+        "fit_end",
+    ]
+
+
+def test_exception_event_fires_and_error_propagates(small_digits):
+    train, _ = small_digits
+    errors = []
+
+    class Stopper(Callback):
+        def on_execution_end(self, run, steps, logs):
+            raise RuntimeError("stop here")
+
+        def on_exception(self, run, error):
+            errors.append(error)
+
+    engine = engine_for(tuple_batches(train, 32), callbacks=[Stopper()])
+    with pytest.raises(RuntimeError, match="stop here"):
+        engine.fit(1)
+    assert len(errors) == 1 and str(errors[0]) == "stop here"
+
+
+def test_stop_training_ends_after_the_epoch(small_digits):
+    train, _ = small_digits
+
+    class StopAfterFirst(Callback):
+        def on_epoch_end(self, run, epoch, logs):
+            run.stop_training = True
+
+    engine = engine_for(tuple_batches(train, 50), callbacks=[StopAfterFirst()])
+    engine.fit(5)
+    assert int(engine.state.epoch) == 1 and int(engine.state.step) == 4
+
+
+def test_misspelled_event_method_is_an_error():
+    with pytest.raises(
+        beatloop.CallbackError, match=r"on_epoch_ends .*did you mean 'on_epoch_end'"
+    ):
+
+        class Typo(Callback):
+            def on_epoch_ends(self, run, epoch, logs):
+                pass
+
+
+def test_debug_mode_runs_eagerly_and_stops_on_non_finite_loss(small_digits):
+    train, _ = small_digits
+    eager = engine_for(
+        tuple_batches(train, 50), options=EngineOptions(debug=True), model=classifier(seed=2)
+    )
+    eager.fit(1)
+    compiled = engine_for(tuple_batches(train, 50), model=classifier(seed=2))
+    compiled.fit(1)
+    for a, b in zip(
+        weights(eager.bound.models["model"]), weights(compiled.bound.models["model"]), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    poisoned = dict(train)
+    poisoned["x"] = train["x"].copy()
+    poisoned["x"][70, 3] = np.inf  # in the second batch of 50
+    engine = engine_for(tuple_batches(poisoned, 50), options=EngineOptions(debug=True))
+    with pytest.raises(
+        beatloop.NumericsError, match=r"beat 'loss' produced a non-finite loss nan at step 1"
+    ):
+        engine.fit(1)
+
+
+# --- a two-model recipe exercising repeat, every, transforms and training modes -------
+
+
+class TwoHeads(Recipe):
+    """Two linear models fitted to the same target by their own beats (test recipe)."""
+
+    name = "two_heads_test"
+
+    def __init__(self, schedule, config=None):
+        super().__init__(config)
+        self._schedule = schedule
+        self.modes = []
+
+    def default_data(self, seed):
+        raise NotImplementedError
+
+    def build_models(self, batch_spec):
+        keras.utils.set_random_seed(0)
+        make = lambda name: keras.Sequential(  # noqa: E731
+            [keras.Input((64,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)], name=name
+        )
+        return {"a": make("a"), "b": make("b")}
+
+    def build_optimizers(self):
+        return {"opt_a": keras.optimizers.SGD(0.1), "opt_b": keras.optimizers.SGD(0.1)}
+
+    def losses(self):
+        def fit_target(name):
+            def loss(models, batch):
+                self.modes.append((name, models.is_training("a"), models.is_training("b")))
+                target = tf.cast(batch["y"], tf.float32)[:, None]
+                return tf.reduce_mean(tf.square(models[name](batch["x"]) * 10.0 - target))
+
+            return loss
+
+        return {"loss_a": fit_target("a"), "loss_b": fit_target("b")}
+
+    def schedule(self):
+        return self._schedule
+
+
+def test_repeat_every_and_the_step_counter(small_digits):
+    train, _ = small_digits
+    schedule = Schedule(
+        (
+            Beat(loss="loss_a", optimizer="opt_a", updates="a", repeat=3),
+            Beat(loss="loss_b", optimizer="opt_b", updates="b", every=2),
+        )
+    )
+    engine = Engine(TwoHeads(schedule), as_data_split(tuple_batches(train, 40)))  # 5 steps/epoch
+    engine.fit(2)
+    optimizers = engine.bound.optimizers
+    assert int(engine.state.step) == 10
+    assert int(optimizers["opt_a"].iterations) == 30  # applies, not steps
+    assert int(optimizers["opt_b"].iterations) == 5  # steps 0, 2, 4, 6, 8
+
+
+def test_each_beat_updates_only_its_variables_with_its_transform(small_digits):
+    train, _ = small_digits
+    schedule = Schedule(
+        Beat(loss="loss_a", optimizer="opt_a", updates="a", transform=ClipByValue(1e-3)),
+        frozen="b",
+    )
+    engine = Engine(TwoHeads(schedule), as_data_split(tuple_batches(train, 40)))
+    models = engine.bound.models
+    a_before, b_before = weights(models["a"]), weights(models["b"])
+    engine.fit(1)
+    for before, after in zip(b_before, weights(models["b"]), strict=True):
+        np.testing.assert_array_equal(before, after)
+    # SGD(0.1) applied 5 times to gradients clipped to ±1e-3 moves each weight ≤ 5e-4.
+    moved = [
+        np.abs(after - before).max()
+        for before, after in zip(a_before, weights(models["a"]), strict=True)
+    ]
+    assert max(moved) == pytest.approx(5 * 0.1 * 1e-3, rel=1e-3)
+
+
+def test_training_mode_defaults_to_updated_models_and_can_be_declared(small_digits):
+    train, validation = small_digits
+    schedule = Schedule(
+        (
+            Beat(loss="loss_a", optimizer="opt_a", updates="a"),
+            Beat(loss="loss_b", optimizer="opt_b", updates="b", training=("a", "b")),
+        )
+    )
+    recipe = TwoHeads(schedule)
+    engine = Engine(
+        recipe, as_data_split((tuple_batches(train, 100), tuple_batches(validation, 100)))
+    )
+    recipe.modes.clear()  # forget the bind-time probe
+    engine.fit(1)
+    assert ("a", True, False) in recipe.modes and ("b", True, True) in recipe.modes
+    assert ("a", False, False) in recipe.modes and ("b", False, False) in recipe.modes  # validation
+    assert len(set(recipe.modes)) == 4
