@@ -13,14 +13,14 @@ from beatloop.core.batches import as_data_split
 from beatloop.core.engine import Engine, EngineOptions
 
 
-def engine_for(train, validation=None, model=None, options=EngineOptions(), callbacks=(), lr=1e-2):
+def engine_for(train, validation=None, model=None, options=None, callbacks=(), lr=1e-2):
     recipe = beatloop.make_recipe("supervised", {"hidden": 16})
     return Engine(
         recipe,
         as_data_split((train, validation)),
         models={"model": model or classifier()},
         optimizers={"optimizer": keras.optimizers.Adam(lr)},
-        options=options,
+        options=options or EngineOptions(),
         callbacks=callbacks,
     )
 
