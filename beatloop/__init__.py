@@ -21,7 +21,7 @@ _EXPORTS = {
     "EngineOptions": "beatloop.core.engine",
     "DataSplit": "beatloop.core.batches",
     # registry
-    "recipes": "beatloop.plugins.registry",
+    "recipes": "beatloop",  # the callable beatloop.recipes package; see its docstring
     "get_recipe": "beatloop.plugins.registry",
     "register": "beatloop.plugins.registry",
     "hookimpl": "beatloop.plugins.hookspecs",
@@ -60,6 +60,8 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'beatloop' has no attribute {name!r}")
+    if name == "recipes":
+        return importlib.import_module("beatloop.recipes")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -1,0 +1,153 @@
+"""The recipe registry: built-ins and entry-point plugins through one pluggy hook."""
+
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import beatloop
+from beatloop import RecipeNotFoundError, RegistrationError
+from beatloop.plugins import registry as registry_module
+from beatloop.plugins.registry import Registry
+from beatloop.recipes.supervised import Supervised
+
+TINY_RECIPE = '''
+import beatloop
+from beatloop.recipes.supervised import Supervised
+
+
+class Tiny(Supervised):
+    """A supervised variant from a test plugin."""
+
+    name = "{name}"
+
+
+@beatloop.hookimpl
+def register_recipes():
+    return [Tiny]
+'''
+
+
+@pytest.fixture
+def install_plugin(tmp_path, monkeypatch):
+    """Install a plugin the way pip would leave it: a module plus a dist-info folder
+    declaring its ``beatloop`` entry point, on sys.path."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def install(distribution, module, source):
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        info = tmp_path / f"{distribution.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n"
+        )
+        (info / "entry_points.txt").write_text(f"[beatloop]\n{module} = {module}\n")
+        importlib.invalidate_caches()
+
+    yield install
+    for name in list(sys.modules):
+        if name.startswith("bl_test_"):
+            del sys.modules[name]
+    registry_module.reset_registry()
+
+
+def test_builtin_recipes_by_name():
+    assert "supervised" in beatloop.recipes()
+    assert beatloop.recipes() == sorted(beatloop.recipes())
+    assert beatloop.get_recipe("supervised") is Supervised
+
+
+def test_unknown_recipe_lists_known_names_and_the_closest():
+    with pytest.raises(RecipeNotFoundError) as caught:
+        beatloop.get_recipe("supervized")
+    message = str(caught.value)
+    assert "no recipe named 'supervized'" in message
+    assert "supervised" in message.split("known recipes:")[1]
+    assert "(did you mean 'supervised'?)" in message
+
+
+def test_entry_point_plugin_is_registered_with_its_origin(install_plugin):
+    install_plugin("bl-tiny-plugin", "bl_test_tiny", TINY_RECIPE.format(name="tiny"))
+    registry = Registry()
+    entry = registry.recipe("tiny")
+    assert entry.origin == "bl-tiny-plugin"
+    assert entry.cls.description() == "A supervised variant from a test plugin."
+    assert registry.recipe("supervised").origin == "built-in"
+
+
+def test_plugin_that_fails_to_import_warns_and_the_rest_loads(install_plugin):
+    install_plugin("bl-broken", "bl_test_broken", "raise ImportError('missing dependency xyz')\n")
+    install_plugin("bl-tiny-plugin", "bl_test_tiny", TINY_RECIPE.format(name="tiny"))
+    with pytest.warns(
+        RuntimeWarning, match=r"'bl_test_broken' \(bl-broken\).*missing dependency xyz"
+    ):
+        registry = Registry()
+    assert "tiny" in registry.recipes and "supervised" in registry.recipes
+    assert [f.plugin for f in registry.failures] == ["bl_test_broken"]
+
+
+def test_duplicate_recipe_names_name_both_origins(install_plugin):
+    install_plugin("bl-one", "bl_test_one", TINY_RECIPE.format(name="twin"))
+    install_plugin("bl-two", "bl_test_two", TINY_RECIPE.format(name="twin"))
+    with pytest.raises(
+        RegistrationError, match=r"registered as 'twin'.*from bl-.*from bl-"
+    ) as caught:
+        Registry()
+    assert "bl-one" in str(caught.value) and "bl-two" in str(caught.value)
+
+
+def test_hook_without_a_spec_is_refused(install_plugin):
+    source = "import beatloop\n\n@beatloop.hookimpl\ndef register_recipe():\n    return []\n"
+    install_plugin("bl-misspelt", "bl_test_misspelt", source)
+    with pytest.warns(RuntimeWarning, match="register_recipe"):
+        registry = Registry()
+    assert registry.failures and "unknown hook" in registry.failures[0].error
+
+
+def test_autoload_can_be_disabled(install_plugin, monkeypatch):
+    install_plugin("bl-tiny-plugin", "bl_test_tiny", TINY_RECIPE.format(name="tiny"))
+    monkeypatch.setenv("BEATLOOP_DISABLE_PLUGIN_AUTOLOAD", "1")
+    registry_module.reset_registry()
+    assert "tiny" not in beatloop.recipes()
+    monkeypatch.delenv("BEATLOOP_DISABLE_PLUGIN_AUTOLOAD")
+    registry_module.reset_registry()
+    assert "tiny" in beatloop.recipes()
+
+
+def test_incomplete_recipe_class_is_refused_at_registration():
+    class Half(beatloop.Recipe):
+        name = "half"
+
+        def losses(self):
+            return {}
+
+    with pytest.raises(RegistrationError) as caught:
+        Registry(load_entry_points=False).register(Half)
+    message = str(caught.value)
+    for part in ("build_models", "build_optimizers", "default_data", "schedule"):
+        assert part in message
+    assert "losses" not in message.split("lacks")[1]
+
+
+def test_register_at_run_time(monkeypatch):
+    class Notebook(Supervised):
+        """Defined in a notebook."""
+
+        name = "notebook_recipe"
+
+    registry = Registry(load_entry_points=False)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    assert beatloop.register(Notebook) is Notebook
+    assert beatloop.get_recipe("notebook_recipe") is Notebook
+    assert registry.recipe("notebook_recipe").origin == f"registered in {__name__}"
+
+
+def test_import_loads_neither_tensorflow_nor_plugins():
+    code = (
+        "import sys, beatloop; "
+        "print('tensorflow' in sys.modules, 'beatloop.plugins.registry' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
