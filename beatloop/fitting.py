@@ -83,11 +83,14 @@ def fit(
 
     history = History()
     run_callbacks: list[Callback] = [history]
-    if progress or (progress is None and sys.stdout.isatty()):
+    given = {type(c) for c in callbacks}
+    wants_progress = progress or (progress is None and sys.stdout.isatty())
+    if wants_progress and not any(issubclass(t, ProgressBar) for t in given):
         run_callbacks.append(ProgressBar())
     if run_path is not None:
         run_path.mkdir(parents=True, exist_ok=True)
-        run_callbacks.append(JsonLinesLogger(run_path / "history.jsonl"))
+        if not any(issubclass(t, JsonLinesLogger) for t in given):
+            run_callbacks.append(JsonLinesLogger(run_path / "history.jsonl"))
     run_callbacks.extend(callbacks)
 
     engine = Engine(

@@ -114,3 +114,12 @@ def test_endless_data_needs_steps_per_epoch(small_digits):
         beatloop.fit("supervised", data=endless)
     result = beatloop.fit("supervised", data=endless, steps_per_epoch=3, epochs=3, seed=0)
     assert result.steps == 9 and len(result.history["loss"]) == 3
+
+
+def test_label_out_of_range_is_a_data_error(small_digits):
+    train, _ = small_digits
+    labels = train["y"].copy()
+    labels[5] = 12  # the default model has 10 classes
+    data = tf.data.Dataset.from_tensor_slices((train["x"], labels)).batch(50)
+    with pytest.raises(DataError, match=r"training step failed on its batch: .*label value of 12"):
+        beatloop.fit("supervised", data=data)

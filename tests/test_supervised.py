@@ -95,3 +95,23 @@ def test_regularisation_is_part_of_the_loss(small_digits):
         optimizers={"optimizer": keras.optimizers.SGD(0.0)},
     )
     assert result.history["loss"][0] == pytest.approx(plain + penalty, rel=1e-5)
+
+
+def test_sample_weights_weight_the_loss_as_in_fit(small_digits):
+    train, _ = small_digits
+    model = classifier()
+    weights_ = np.where(np.arange(200) % 2 == 0, 3.0, 0.0).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((train["x"], train["y"], weights_)).batch(200)
+    logits = model(train["x"])
+    expected = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+        train["y"], logits, sample_weight=weights_
+    )
+    result = beatloop.fit(
+        "supervised",
+        data=data,
+        models={"model": model},
+        optimizers={"optimizer": keras.optimizers.SGD(0.0)},
+    )
+    assert result.history["loss"][0] == pytest.approx(float(expected), rel=1e-5)
+    unweighted = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(train["y"], logits)
+    assert abs(float(expected) - float(unweighted)) > 1e-3  # the weights made a difference

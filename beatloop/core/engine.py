@@ -6,6 +6,7 @@ around one compiled inner loop (:class:`~beatloop.core.step.CompiledLoop`) of K 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -138,7 +139,7 @@ class Engine:
             if target is not None:
                 limit = min(limit, target - steps)
             self.callbacks.fire("execution_start", run)
-            ran = self.train_loop(self._iterator, limit)
+            ran = _run_compiled(self.train_loop, self._iterator, limit, "training")
             steps += ran
             self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.results))
             if ran < limit:  # the data ran out; start afresh next epoch
@@ -162,7 +163,7 @@ class Engine:
         self.callbacks.fire("validation_start", run)
         iterator = iter(self.data.validation)
         limit = self.options.steps_per_execution
-        while self.validation_loop(iterator, limit) == limit:
+        while _run_compiled(self.validation_loop, iterator, limit, "validation") == limit:
             pass
         logs = self.validation_metrics.results()
         self.callbacks.fire("validation_end", run, logs)
@@ -190,6 +191,25 @@ def _check_data(recipe: Recipe, data: DataSplit) -> None:
                 )
     if problems:
         raise DataError("; ".join(problems))
+
+
+def _run_compiled(loop: CompiledLoop, iterator, limit: int, role: str) -> int:
+    """Run a compiled loop; a TensorFlow error raised by the data in a step (a label out
+    of range, a bad cast) becomes one readable DataError."""
+    try:
+        return loop(iterator, limit)
+    except tf.errors.InvalidArgumentError as error:
+        raise DataError(f"a {role} step failed on its batch: {_op_error_summary(error)}") from None
+
+
+def _op_error_summary(error: tf.errors.OpError) -> str:
+    """The cause of a graph error without its traceback: its last paragraph and the op."""
+    message = (error.message or str(error)).strip()
+    cause = " ".join(message.split("\n\n")[-1].split())
+    if len(cause) > 300:
+        cause = cause[:300] + "..."
+    node = re.search(r"Detected at node (\S+)", message)
+    return f"{cause} (in op {node.group(1)})" if node else cause
 
 
 def _steps_per_epoch(data: DataSplit, options: EngineOptions) -> int | None:

@@ -43,7 +43,11 @@ class SupervisedConfig:
 
 
 class Supervised(Recipe):
-    """Classification with one model and sparse cross-entropy (digits by default)."""
+    """Classification with one model and sparse cross-entropy (digits by default).
+
+    Batches are ``{"x", "y"}`` (or ``(x, y)`` tuples), optionally with a per-example
+    ``sample_weight`` (a third tuple entry) weighting the loss and accuracy as in ``fit``.
+    """
 
     name = "supervised"
     Config = SupervisedConfig
@@ -83,14 +87,18 @@ class Supervised(Recipe):
 
     def cross_entropy(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         logits = models["model"](batch["x"])
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(batch["y"], logits)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+            batch["y"], logits, sample_weight=batch.get("sample_weight")
+        )
         return {"loss": loss, "logits": logits}
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
         return {"accuracy": keras.metrics.SparseCategoricalAccuracy(name="accuracy")}
 
     def update_metrics(self, metrics, batch, outputs) -> None:
-        metrics["accuracy"].update_state(batch["y"], outputs["loss"]["logits"])
+        metrics["accuracy"].update_state(
+            batch["y"], outputs["loss"]["logits"], sample_weight=batch.get("sample_weight")
+        )
 
     @property
     def inference_models(self) -> tuple[str, ...]:
