@@ -43,7 +43,7 @@ class Recipe(abc.ABC):
     - ``schedule()``: the :class:`Schedule` of one step.
 
     Optional: ``batch_keys`` (key -> minimum rank), ``build_metrics()`` and
-    ``update_metrics()``, ``inference_models`` (what export writes).
+    ``update_metrics()``, ``check_batch_spec()``.
     """
 
     name: ClassVar[str] = ""
@@ -94,8 +94,3 @@ class Recipe(abc.ABC):
     def check_batch_spec(self, spec: Mapping[str, tf.TensorSpec]) -> list[str]:
         """Recipe-specific problems with a batch spec, beyond ``batch_keys``."""
         return []
-
-    @property
-    def inference_models(self) -> tuple[str, ...]:
-        """The models a user keeps after training (what export writes)."""
-        return ()

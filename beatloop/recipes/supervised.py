@@ -99,7 +99,3 @@ class Supervised(Recipe):
         metrics["accuracy"].update_state(
             batch["y"], outputs["loss"]["logits"], sample_weight=batch.get("sample_weight")
         )
-
-    @property
-    def inference_models(self) -> tuple[str, ...]:
-        return ("model",)
