@@ -24,9 +24,9 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+import attrs
 import keras
 import numpy as np
 import tensorflow as tf
@@ -82,10 +82,12 @@ def fresh_model(weights: list[np.ndarray]) -> keras.Sequential:
 
 
 def make_optimizer() -> keras.optimizers.Optimizer:
+    """A fresh Adam(1e-3)."""
     return keras.optimizers.Adam(1e-3)
 
 
 def make_loss() -> keras.losses.Loss:
+    """Sparse cross-entropy on logits."""
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
@@ -246,8 +248,10 @@ def run_handwritten(dataset, weights, epochs: int, steps: int | None) -> list[fl
     return times
 
 
-@dataclass(frozen=True)
+@attrs.frozen
 class Loop:
+    """A loop to time: ``run(dataset, weights, epochs)`` returns its epoch times."""
+
     key: str
     label: str
     run: Callable[..., list[float]]
@@ -316,6 +320,7 @@ def measure(settings: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
 
 
 def medians(rates: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+    """The median over repeats of each loop's figure at each batch size."""
     return {
         key: {size: statistics.median(r) for size, r in by_size.items()}
         for key, by_size in rates.items()
@@ -361,6 +366,7 @@ def spread(values: list[float]) -> str:
 
 
 def print_report(settings, rates, median, ratio_rows) -> None:
+    """The throughput table, then the ratios against their targets."""
     sizes = settings.batch_sizes
     print(
         f"\nexamples/s, median of {settings.repeats} repeat(s); {settings.examples} examples, "
@@ -383,6 +389,7 @@ def print_report(settings, rates, median, ratio_rows) -> None:
 
 
 def write_json(path: Path, settings, rates, median, ratio_rows) -> None:
+    """The settings, versions, every repeat's figure, the medians and the ratios."""
     record = {
         "settings": {
             "examples": settings.examples,
@@ -412,6 +419,7 @@ def write_json(path: Path, settings, rates, median, ratio_rows) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line settings; ``--quick`` changes the defaults, explicit flags still win."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--repeats", type=int, help=f"fits per loop (default {DEFAULTS['repeats']})"
@@ -442,6 +450,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Measure every loop, print the tables, and optionally write the JSON record."""
     settings = parse_args(argv)
     rates = measure(settings)
     median = medians(rates)

@@ -299,8 +299,7 @@ def test_training_mode_defaults_to_updated_models_and_can_be_declared(small_digi
     engine = Engine(
         recipe, as_data_split((tuple_batches(train, 100), tuple_batches(validation, 100)))
     )
-    recipe.modes.clear()  # forget the bind-time probe
-    engine.fit(1)
+    engine.fit(1)  # the modes are recorded when the steps are traced
     assert ("a", True, False) in recipe.modes and ("b", True, True) in recipe.modes
     assert ("a", False, False) in recipe.modes and ("b", False, False) in recipe.modes  # validation
     assert len(set(recipe.modes)) == 4

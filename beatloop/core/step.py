@@ -87,8 +87,8 @@ def make_validation_step(
 class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
-    Compiled once with an input signature taken from the data set's element spec
-    (batch dimension unknown), so a short last batch reuses the same trace.
+    Compiled once, on construction, for the data set's element spec (batch dimension
+    unknown), so a short last batch reuses the same trace.
     ``compiled=False`` runs the same code eagerly, for debugging.
     """
 
@@ -105,11 +105,14 @@ class CompiledLoop:
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
         if compiled:
-            signature = [
+            # Traced once, here, for the data set's spec. Calling the concrete function
+            # skips tf.function's per-call argument matching (~0.3 ms a call on a CPU,
+            # a quarter of a small step), and it cannot retrace by construction.
+            signature = (
                 tf.data.IteratorSpec(dict(element_spec)),
                 tf.TensorSpec([], tf.int32, name="limit"),
-            ]
-            self._call = tf.function(self._loop, input_signature=signature)
+            )
+            self._call = tf.function(self._loop).get_concrete_function(*signature)
         else:
             self._call = self._loop
 
