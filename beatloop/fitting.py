@@ -22,7 +22,7 @@ from beatloop.core.errors import ConfigError
 from beatloop.core.recipe import Recipe
 from beatloop.core.result import FitResult
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
-from beatloop.plugins.registry import check_recipe_class, get_recipe
+from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 
 
 def make_recipe(
@@ -76,6 +76,7 @@ def fit(
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(f"invalid engine option: {error}") from None
+    label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     keras.utils.set_random_seed(seed)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
@@ -102,6 +103,7 @@ def fit(
         options=options,
         run_dir=run_path,
         seed=seed,
+        label=label,
     )
     if run_path is not None:
         write_run_record(run_path / "run.json", engine, seed, epochs)

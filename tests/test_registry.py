@@ -151,3 +151,80 @@ def test_import_loads_neither_tensorflow_nor_plugins():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+PARTIAL_SCHEDULE = '''
+import beatloop
+from beatloop.recipes.supervised import Supervised
+
+
+class KernelsOnly(Supervised):
+    """Updates only kernels: its biases are owned by no beat."""
+
+    name = "kernels_only"
+
+    def schedule(self):
+        beat = beatloop.Beat(loss="loss", optimizer="optimizer", updates="model:*kernel")
+        return beatloop.Schedule(beat)
+
+
+@beatloop.hookimpl
+def register_recipes():
+    return [KernelsOnly]
+'''
+
+MISSING_PARTS = '''
+import beatloop
+
+
+class Sketch(beatloop.Recipe):
+    """Not finished."""
+
+    name = "sketch"
+
+
+@beatloop.hookimpl
+def register_recipes():
+    return [Sketch]
+'''
+
+
+def test_plugin_schedule_error_names_the_plugin(install_plugin, small_digits):
+    from conftest import tuple_batches
+
+    install_plugin("bl-partial", "bl_test_partial", PARTIAL_SCHEDULE)
+    registry_module.reset_registry()
+    train, _ = small_digits
+    with pytest.raises(beatloop.ScheduleError) as caught:
+        beatloop.fit("kernels_only", data=tuple_batches(train, 50))
+    message = str(caught.value)
+    origin = "recipe 'kernels_only' (plugin 'bl_test_partial' from bl-partial)"
+    assert message.startswith(f"{origin}'s schedule has 2 problem(s)")
+    assert "bias' of model 'model' is updated by no beat" in message
+
+
+def test_plugin_recipe_missing_parts_is_refused_at_registration(install_plugin):
+    install_plugin("bl-sketch", "bl_test_sketch", MISSING_PARTS)
+    with pytest.warns(
+        RuntimeWarning, match=r"Sketch from plugin 'bl_test_sketch' \(bl-sketch\) lacks"
+    ):
+        registry = Registry()
+    with pytest.raises(
+        RecipeNotFoundError, match=r"failed to load: bl_test_sketch \(bl-sketch\).*build_models"
+    ):
+        registry.recipe("sketch")
+
+
+def test_recipe_whose_default_schedule_names_unknown_losses_is_refused():
+    class Mislabelled(Supervised):
+        name = "mislabelled"
+
+        def schedule(self):
+            return beatloop.Schedule(
+                beatloop.Beat(loss="xent", optimizer="optimizer", updates="model")
+            )
+
+    with pytest.raises(
+        RegistrationError, match=r"uses loss\(es\) \['xent'\] that losses\(\) does not define"
+    ):
+        Registry(load_entry_points=False).register(Mislabelled)

@@ -58,17 +58,19 @@ class Engine:
         options: EngineOptions = EngineOptions(),
         run_dir: Path | None = None,
         seed: int = 0,
+        label: str | None = None,
     ):
         self.recipe = recipe
+        self.label = label or f"recipe {recipe.name!r}"
         self.data = data
         self.options = options
         self.state = EngineState()
         spec = data.train.element_spec
-        _check_data(recipe, data)
-        built_models = _replace(recipe.build_models(spec), models, "model", recipe.name)
-        _build_unbuilt(recipe, built_models, spec)
-        built_optimizers = _replace(recipe.build_optimizers(), optimizers, "optimizer", recipe.name)
-        self.bound: BoundSchedule = _bind(recipe, built_models, built_optimizers, spec)
+        _check_data(recipe, data, self.label)
+        built_models = _replace(recipe.build_models(spec), models, "model", self.label)
+        _build_unbuilt(recipe, built_models, spec, self.label)
+        built_optimizers = _replace(recipe.build_optimizers(), optimizers, "optimizer", self.label)
+        self.bound: BoundSchedule = _bind(recipe, built_models, built_optimizers, spec, self.label)
         beat_names = [b.beat.name for b in self.bound.beats]
         self.train_metrics = StepMetrics(beat_names, recipe.build_metrics())
         self.validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
@@ -170,13 +172,13 @@ class Engine:
         return logs
 
 
-def _check_data(recipe: Recipe, data: DataSplit) -> None:
+def _check_data(recipe: Recipe, data: DataSplit, label: str) -> None:
     problems = []
     for role, dataset in (("training", data.train), ("validation", data.validation)):
         if dataset is None:
             continue
         spec = dataset.element_spec
-        problems += check_batch_spec(spec, recipe.batch_keys, f"recipe {recipe.name!r}", role)
+        problems += check_batch_spec(spec, recipe.batch_keys, label, role)
         if not problems:
             problems += [f"{role} data: {p}" for p in recipe.check_batch_spec(spec)]
     if data.validation is not None and not problems:
@@ -228,13 +230,13 @@ def _steps_per_epoch(data: DataSplit, options: EngineOptions) -> int | None:
     return cardinality if cardinality >= 0 else None
 
 
-def _replace(built: Mapping, replacements: Mapping | None, kind: str, recipe_name: str) -> dict:
+def _replace(built: Mapping, replacements: Mapping | None, kind: str, label: str) -> dict:
     """The recipe's parts with the user's replacements, refusing names it does not have."""
     parts = dict(built)
     for name, part in (replacements or {}).items():
         if name not in parts:
             raise ConfigError(
-                f"recipe {recipe_name!r} has no {kind} named {name!r}"
+                f"{label} has no {kind} named {name!r}"
                 f"{did_you_mean(name, parts)}; its {kind}s: {', '.join(parts)}"
             )
         expected = keras.Layer if kind == "model" else keras.optimizers.Optimizer
@@ -247,7 +249,7 @@ def _replace(built: Mapping, replacements: Mapping | None, kind: str, recipe_nam
     return parts
 
 
-def _build_unbuilt(recipe: Recipe, models: Mapping[str, keras.Layer], spec) -> None:
+def _build_unbuilt(recipe: Recipe, models: Mapping[str, keras.Layer], spec, label: str) -> None:
     """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
     by running every loss once in inference mode on a zero batch of the data's spec."""
     if all(model.built for model in models.values()):
@@ -262,10 +264,10 @@ def _build_unbuilt(recipe: Recipe, models: Mapping[str, keras.Layer], spec) -> N
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly
-            raise DataError(_failure(recipe, name, spec, error)) from None
+            raise DataError(_failure(label, name, spec, error)) from None
 
 
-def _bind(recipe, models, optimizers, spec) -> BoundSchedule:
+def _bind(recipe, models, optimizers, spec, label: str) -> BoundSchedule:
     try:
         return bind(
             recipe.schedule(),
@@ -273,19 +275,19 @@ def _bind(recipe, models, optimizers, spec) -> BoundSchedule:
             optimizers,
             recipe.losses(),
             spec,
-            context=f"recipe {recipe.name!r}'s schedule",
+            context=f"{label}'s schedule",
         )
     except BeatloopError:
         raise
     except (ValueError, TypeError, tf.errors.OpError) as error:
-        raise DataError(_failure(recipe, "schedule", spec, error)) from None
+        raise DataError(_failure(label, "schedule", spec, error)) from None
 
 
-def _failure(recipe: Recipe, what: str, spec, error: Exception) -> str:
+def _failure(label: str, what: str, spec, error: Exception) -> str:
     shapes = ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items())
     message = str(error).strip().splitlines()
     detail = " ".join(line.strip() for line in message[:6])
     return (
-        f"recipe {recipe.name!r}: running its {what} on batches of {{{shapes}}} failed: "
+        f"{label}: running its {what} on batches of {{{shapes}}} failed: "
         f"{type(error).__name__}: {detail}"
     )

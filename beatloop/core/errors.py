@@ -33,12 +33,15 @@ class ScheduleError(BeatloopError, ValueError):
 class RecipeNotFoundError(BeatloopError, KeyError):
     """A recipe name that no plugin registered."""
 
-    def __init__(self, name: str, known: Iterable[str]):
+    def __init__(self, name: str, known: Iterable[str], failed_plugins: Iterable[str] = ()):
         known = sorted(known)
         self.name = name
         self.known = tuple(known)
         message = f"no recipe named {name!r}; known recipes: {', '.join(known) or '(none)'}"
         message += did_you_mean(name, known)
+        failed = list(failed_plugins)
+        if failed:
+            message += "; plugins that failed to load: " + "; ".join(failed)
         super().__init__(message)
 
     def __str__(self) -> str:  # KeyError would otherwise quote the message

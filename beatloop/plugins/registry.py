@@ -14,6 +14,7 @@ import warnings
 import attrs
 import pluggy
 
+from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback
 from beatloop.core.errors import RecipeNotFoundError, RegistrationError, did_you_mean
 from beatloop.core.recipe import Recipe
@@ -60,6 +61,32 @@ def check_recipe_class(cls: object, origin: str) -> None:
         raise RegistrationError(
             f"recipe class {cls.__module__}.{cls.__qualname__} from {origin} lacks "
             + "; ".join(problems)
+        )
+    _check_default_schedule(cls, origin)
+
+
+def _check_default_schedule(cls: type[Recipe], origin: str) -> None:
+    """Build the recipe's default config and schedule (no models, no TensorFlow state)
+    so a schedule that cannot exist fails at registration, not at training time."""
+    where = f"recipe {cls.name!r} from {origin}"
+    try:
+        recipe = cls(cls.Config())
+        schedule = recipe.schedule()
+        losses = recipe.losses()
+    except Exception as error:
+        raise RegistrationError(
+            f"{where}: its default config or schedule cannot be built: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(schedule, Schedule):
+        raise RegistrationError(
+            f"{where}: schedule() must return a beatloop.Schedule, got {type(schedule).__name__}"
+        )
+    unknown = [beat.loss for beat in schedule.beats if beat.loss not in losses]
+    if unknown:
+        raise RegistrationError(
+            f"{where}: its schedule uses loss(es) {unknown} that losses() does not define "
+            f"(defined: {', '.join(losses) or 'none'})"
         )
 
 
@@ -123,7 +150,11 @@ class Registry:
                     self._fail(impl.plugin_name, origin, f"{hook.name}() raised {error!r}")
                     continue
                 for cls in classes:
-                    check(cls, f"plugin {impl.plugin_name!r} ({origin})")
+                    try:
+                        check(cls, f"plugin {impl.plugin_name!r} ({origin})")
+                    except RegistrationError as error:
+                        self._fail(impl.plugin_name, origin, str(error))
+                        continue
                     self._add(table, cls, origin, impl.plugin_name)
 
     @staticmethod
@@ -168,7 +199,8 @@ class Registry:
         try:
             return self.recipes[name]
         except KeyError:
-            raise RecipeNotFoundError(name, self.recipes) from None
+            failed = [f"{f.plugin} ({f.origin}): {f.error}" for f in self.failures]
+            raise RecipeNotFoundError(name, self.recipes, failed) from None
 
     def callback(self, name: str) -> Entry:
         try:
@@ -178,6 +210,13 @@ class Registry:
                 f"no callback named {name!r}{did_you_mean(name, self.callbacks)}; "
                 f"known callbacks: {', '.join(sorted(self.callbacks)) or '(none)'}"
             ) from None
+
+    def describe_origin(self, name: str) -> str:
+        """``recipe 'x'``, plus the plugin and package it came from when not built in."""
+        entry = self.recipe(name)
+        if entry.origin == BUILTIN:
+            return f"recipe {name!r}"
+        return f"recipe {name!r} (plugin {entry.plugin!r} from {entry.origin})"
 
     def recipe_names(self) -> list[str]:
         return sorted(self.recipes)
