@@ -1,0 +1,1 @@
+"""An example beatloop plugin: the WGAN-GP recipe and an epoch-timer callback."""

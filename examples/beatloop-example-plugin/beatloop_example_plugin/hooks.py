@@ -1,0 +1,17 @@
+"""The hook implementations beatloop finds through this package's entry point."""
+
+import beatloop
+
+
+@beatloop.hookimpl
+def register_recipes():
+    from beatloop_example_plugin.wgan_gp import WganGp
+
+    return [WganGp]
+
+
+@beatloop.hookimpl
+def register_callbacks():
+    from beatloop_example_plugin.timer import EpochTimer
+
+    return [EpochTimer]
