@@ -228,3 +228,15 @@ def test_recipe_whose_default_schedule_names_unknown_losses_is_refused():
         RegistrationError, match=r"uses loss\(es\) \['xent'\] that losses\(\) does not define"
     ):
         Registry(load_entry_points=False).register(Mislabelled)
+
+
+def test_list_verbose_shows_failed_plugins(install_plugin, capsys):
+    from beatloop.cli import main
+
+    install_plugin("bl-broken", "bl_test_broken", "raise ImportError('missing dependency xyz')\n")
+    registry_module.reset_registry()
+    with pytest.warns(RuntimeWarning):
+        assert main(["list", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "failed plugin bl_test_broken [bl-broken]: import failed: ImportError: missing" in out
+    assert out.startswith("supervised")
