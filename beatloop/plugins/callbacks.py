@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from beatloop.core.callbacks import Callback, Run
+from beatloop.core.errors import ConfigError
 
 
 class History(Callback):
@@ -96,51 +97,58 @@ class ProgressBar(Callback):
         return (run.examples - self._examples) / elapsed
 
 
-def _jsonable(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _jsonable(value):
+    """JSON has no NaN or infinity: write them as null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-class JsonLinesLogger(Callback):
+class EpochLogFile(Callback):
+    """Base of the per-epoch log files: a file given by path, or ``filename`` in the run
+    dir; its folder is created when the run starts."""
+
+    filename = ""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = None if path is None else Path(path)
+
+    def on_fit_start(self, run: Run) -> None:
+        if self.path is None:
+            if run.run_dir is None:
+                raise ConfigError(f"{type(self).__name__} needs a path or a run with a run_dir")
+            self.path = Path(run.run_dir) / self.filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def record(run: Run, epoch: int, logs: Mapping[str, float]) -> dict:
+        """The epoch (from 1), the step count, then every logged figure."""
+        return {"epoch": epoch + 1, "step": run.step, **logs}
+
+
+class JsonLinesLogger(EpochLogFile):
     """Appends one JSON object per epoch (epoch, step and every logged figure) to
     ``history.jsonl`` in the run dir; flushed each line so a crash loses nothing."""
 
     callback_name = "jsonl"
-
-    def __init__(self, path: str | Path | None = None):
-        self.path = None if path is None else Path(path)
-
-    def on_fit_start(self, run: Run) -> None:
-        if self.path is None:
-            if run.run_dir is None:
-                raise ValueError("JsonLinesLogger needs a path or a run with a run_dir")
-            self.path = Path(run.run_dir) / "history.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    filename = "history.jsonl"
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-        record = {"epoch": epoch + 1, "step": run.step}
-        record.update({k: _jsonable(v) for k, v in logs.items()})
+        record = {k: _jsonable(v) for k, v in self.record(run, epoch, logs).items()}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
 
-class CsvLogger(Callback):
+class CsvLogger(EpochLogFile):
     """Writes ``history.csv`` in the run dir: a header, then one row per epoch."""
 
     callback_name = "csv"
+    filename = "history.csv"
 
     def __init__(self, path: str | Path | None = None):
-        self.path = None if path is None else Path(path)
+        super().__init__(path)
         self._fields: list[str] | None = None
 
-    def on_fit_start(self, run: Run) -> None:
-        if self.path is None:
-            if run.run_dir is None:
-                raise ValueError("CsvLogger needs a path or a run with a run_dir")
-            self.path = Path(run.run_dir) / "history.csv"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-        row = {"epoch": epoch + 1, "step": run.step, **logs}
+        row = self.record(run, epoch, logs)
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         if self._fields is None:
             self._fields = list(row)
