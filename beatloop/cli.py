@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         "--callback", action="append", default=[], metavar="NAME", help="a registered callback"
     )
     run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     return parser
 
 
@@ -132,7 +132,7 @@ def _run(args) -> int:
         callbacks=callbacks,
         debug=args.debug,
         run_dir=run_dir,
-        progress=not args.no_progress,
+        progress=not args.quiet,
     )
     final = {name: values[-1] for name, values in result.history.items()}
     print(
@@ -140,6 +140,8 @@ def _run(args) -> int:
         + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
     )
     print(f"run dir: {run_dir}")
+    for name, path in result.artifacts.items():
+        print(f"{name}: {path}")
     return 0
 
 

@@ -11,17 +11,20 @@ import tensorflow as tf
 from beatloop.core.batches import DataSplit
 
 
-def digits_arrays(seed: int, validation_fraction: float = 0.2) -> tuple[dict, dict]:
+def digits_arrays(
+    seed: int, validation_fraction: float = 0.2, signed: bool = False
+) -> tuple[dict, dict]:
     """scikit-learn's 1,797 8x8 handwritten digits as ``({"x", "y"}, {"x", "y"})``.
 
-    ``x`` is float32 of shape (n, 64) scaled to [0, 1]; ``y`` the digit (int32). The
-    split is stratified and fixed by ``seed``.
+    ``x`` is float32 of shape (n, 64) scaled to [0, 1] (to [-1, 1] when ``signed``, as
+    generators with a tanh output want); ``y`` the digit (int32). The split is
+    stratified and fixed by ``seed``.
     """
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
+    x = (digits.data / 8.0 - 1.0 if signed else digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int32)
     x_train, x_val, y_train, y_val = train_test_split(
         x, y, test_size=validation_fraction, random_state=seed, stratify=y
@@ -41,7 +44,9 @@ def batches(
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def digits(seed: int, batch_size: int, validation_fraction: float = 0.2) -> DataSplit:
+def digits(
+    seed: int, batch_size: int, validation_fraction: float = 0.2, signed: bool = False
+) -> DataSplit:
     """The digits split as batched pipelines; training data reshuffled every epoch."""
-    train, validation = digits_arrays(seed, validation_fraction)
+    train, validation = digits_arrays(seed, validation_fraction, signed)
     return DataSplit(batches(train, batch_size, shuffle_seed=seed), batches(validation, batch_size))

@@ -92,6 +92,7 @@ def fit(
         run_path.mkdir(parents=True, exist_ok=True)
         if not any(issubclass(t, JsonLinesLogger) for t in given):
             run_callbacks.append(JsonLinesLogger(run_path / "history.jsonl"))
+    run_callbacks.extend(recipe.callbacks())
     run_callbacks.extend(callbacks)
 
     engine = Engine(
@@ -117,6 +118,7 @@ def fit(
         steps=int(engine.state.step),
         epochs=int(engine.state.epoch),
         run_dir=run_path,
+        artifacts=dict(engine.run.artifacts),
     )
 
 

@@ -36,7 +36,8 @@ EVENTS = (
 @attrs.define(eq=False)
 class Run:
     """What callbacks see of the run in progress. Set ``stop_training`` to end it after
-    the current epoch."""
+    the current epoch; record files the run writes for people (a sample grid, an image)
+    in ``artifacts`` by name, so the CLI and the result can point to them."""
 
     recipe: Recipe
     bound: BoundSchedule
@@ -47,6 +48,7 @@ class Run:
     steps_per_epoch: int | None
     seed: int
     stop_training: bool = False
+    artifacts: dict[str, Path] = attrs.field(factory=dict)
 
     @property
     def models(self):

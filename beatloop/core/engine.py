@@ -154,6 +154,7 @@ class Engine:
         logs = self.train_metrics.results()
         if self.validation_loop is not None:
             logs.update(self.validate(run))
+        logs.update(self.recipe.epoch_figures(run))
         self.state.epoch.assign(epoch + 1)
         self.callbacks.fire("epoch_end", run, epoch, logs)
         return logs

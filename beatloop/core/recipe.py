@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Schedule
+from beatloop.core.callbacks import Callback, Run
 from beatloop.core.forward import ModelCalls
 
 LossOutput = tf.Tensor | Mapping[str, tf.Tensor]
@@ -43,7 +44,7 @@ class Recipe(abc.ABC):
     - ``schedule()``: the :class:`Schedule` of one step.
 
     Optional: ``batch_keys`` (key -> minimum rank), ``build_metrics()`` and
-    ``update_metrics()``, ``check_batch_spec()``.
+    ``update_metrics()``, ``check_batch_spec()``, ``epoch_figures()``, ``callbacks()``.
     """
 
     name: ClassVar[str] = ""
@@ -93,4 +94,13 @@ class Recipe(abc.ABC):
 
     def check_batch_spec(self, spec: Mapping[str, tf.TensorSpec]) -> list[str]:
         """Recipe-specific problems with a batch spec, beyond ``batch_keys``."""
+        return []
+
+    def epoch_figures(self, run: Run) -> Mapping[str, float]:
+        """Figures computed eagerly at each epoch's end, after validation, and logged
+        with the epoch (e.g. a sample-quality score); none by default."""
+        return {}
+
+    def callbacks(self) -> list[Callback]:
+        """Callbacks this recipe adds to every run of it (e.g. one that saves samples)."""
         return []

@@ -26,6 +26,7 @@ class FitResult:
     steps: int
     epochs: int
     run_dir: Path | None = None
+    artifacts: Mapping[str, Path] = attrs.field(factory=dict)
 
     @property
     def models(self) -> Mapping[str, keras.Layer]:

@@ -7,9 +7,10 @@ from beatloop.plugins.hookspecs import hookimpl
 
 @hookimpl
 def register_recipes() -> list[type]:
+    from beatloop.recipes.gan import Gan
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised]
+    return [Supervised, Gan]
 
 
 @hookimpl

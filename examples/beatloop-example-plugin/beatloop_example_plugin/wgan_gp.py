@@ -36,9 +36,7 @@ class WganGp(beatloop.Recipe):
     batch_keys = {"x": 2}
 
     def default_data(self, seed):
-        split = digits(seed, self.config.batch_size)
-        to_signed = lambda batch: {"x": batch["x"] * 2.0 - 1.0}  # noqa: E731  [0,1] -> [-1,1]
-        return beatloop.DataSplit(split.train.map(to_signed), split.validation.map(to_signed))
+        return digits(seed, self.config.batch_size, signed=True)  # pixels in [-1, 1]
 
     def build_models(self, spec):
         size, hidden, latent = spec["x"].shape[-1], self.config.hidden, self.config.latent_dim

@@ -1,0 +1,272 @@
+"""The GAN recipe: a discriminator beat (``n_critic`` times) then a generator beat, each
+with its own optimizer, in one compiled step — the case ``fit`` cannot express."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import keras
+import numpy as np
+import tensorflow as tf
+
+from beatloop import data, images, quality
+from beatloop.core.batches import DataSplit
+from beatloop.core.beats import Beat, Schedule
+from beatloop.core.callbacks import Callback, Run
+from beatloop.core.forward import ModelCalls
+from beatloop.core.recipe import Recipe
+
+_positive = attrs.validators.gt(0)
+BOTH = ("generator", "discriminator")
+
+
+@attrs.frozen
+class GanConfig:
+    """Settings of the GAN recipe."""
+
+    latent_dim: int = attrs.field(default=16, validator=_positive)
+    hidden: int = attrs.field(default=128, validator=_positive)
+    architecture: Literal["dense", "conv"] = attrs.field(
+        default="dense", validator=attrs.validators.in_(("dense", "conv"))
+    )
+    loss: Literal["non_saturating", "hinge"] = attrs.field(
+        default="non_saturating", validator=attrs.validators.in_(("non_saturating", "hinge"))
+    )
+    n_critic: int = attrs.field(default=1, validator=_positive)
+    label_smoothing: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
+    )
+    g_learning_rate: float = attrs.field(default=1e-3, validator=_positive)
+    d_learning_rate: float = attrs.field(default=1e-3, validator=_positive)
+    beta_1: float = attrs.field(
+        default=0.5, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
+    )
+    batch_size: int = attrs.field(default=32, validator=_positive)
+    quality_samples: int = attrs.field(default=500, validator=_positive)
+    grid_size: int = attrs.field(default=8, validator=_positive)
+
+
+def image_shape(sample_shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(height, width, channels) of one sample: flat squares (64,) read as 8x8x1."""
+    if len(sample_shape) == 1:
+        side = math.isqrt(sample_shape[0])
+        return (side, side, 1) if side * side == sample_shape[0] else None
+    if len(sample_shape) == 2:
+        return (*sample_shape, 1)
+    if len(sample_shape) == 3:
+        return tuple(sample_shape)
+    return None
+
+
+class Gan(Recipe):
+    """Generative adversarial network: discriminator and generator beats (digits)."""
+
+    name = "gan"
+    Config = GanConfig
+    batch_keys = {"x": 2}
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self._fixed_latent: np.ndarray | None = None
+
+    # --- data and models ---------------------------------------------------------------
+
+    def default_data(self, seed: int) -> DataSplit:
+        return data.digits(seed, self.config.batch_size, signed=True)
+
+    def check_batch_spec(self, spec) -> list[str]:
+        shape = tuple(spec["x"].shape[1:])
+        if None in shape:
+            return [f"'x' must have a fixed sample shape, found {spec['x'].shape}"]
+        if self.config.architecture == "conv":
+            geometry = image_shape(shape)
+            if geometry is None or geometry[0] % 4 or geometry[1] % 4:
+                return [
+                    f"architecture 'conv' needs images whose height and width divide by 4 "
+                    f"(e.g. (8, 8) or 64 pixels), found samples of shape {shape}"
+                ]
+        return []
+
+    def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
+        shape = tuple(batch_spec["x"].shape[1:])
+        build = self._conv_models if self.config.architecture == "conv" else self._dense_models
+        generator, discriminator = build(shape)
+        return {"generator": generator, "discriminator": discriminator}
+
+    def _dense_models(self, shape):
+        size, hidden = int(np.prod(shape)), self.config.hidden
+        generator = keras.Sequential(
+            [
+                keras.Input((self.config.latent_dim,)),
+                keras.layers.Dense(hidden, activation="relu"),
+                keras.layers.Dense(hidden, activation="relu"),
+                keras.layers.Dense(size, activation="tanh"),
+                keras.layers.Reshape(shape),
+            ],
+            name="generator",
+        )
+        discriminator = keras.Sequential(
+            [
+                keras.Input(shape),
+                keras.layers.Flatten(),
+                keras.layers.Dense(hidden, activation="leaky_relu"),
+                keras.layers.Dense(hidden, activation="leaky_relu"),
+                keras.layers.Dense(1),
+            ],
+            name="discriminator",
+        )
+        return generator, discriminator
+
+    def _conv_models(self, shape):
+        """DCGAN-style: strided transposed convolutions up, strided convolutions down."""
+        height, width, channels = image_shape(shape)
+        filters = max(self.config.hidden // 2, 8)
+        generator = keras.Sequential(
+            [
+                keras.Input((self.config.latent_dim,)),
+                keras.layers.Dense((height // 4) * (width // 4) * filters * 2, use_bias=False),
+                keras.layers.BatchNormalization(),
+                keras.layers.ReLU(),
+                keras.layers.Reshape((height // 4, width // 4, filters * 2)),
+                keras.layers.Conv2DTranspose(filters, 4, strides=2, padding="same", use_bias=False),
+                keras.layers.BatchNormalization(),
+                keras.layers.ReLU(),
+                keras.layers.Conv2DTranspose(channels, 4, strides=2, padding="same"),
+                keras.layers.Activation("tanh"),
+                keras.layers.Reshape(shape),
+            ],
+            name="generator",
+        )
+        discriminator = keras.Sequential(
+            [
+                keras.Input(shape),
+                keras.layers.Reshape((height, width, channels)),
+                keras.layers.Conv2D(filters, 3, strides=2, padding="same"),
+                keras.layers.LeakyReLU(0.2),
+                keras.layers.Conv2D(filters * 2, 3, strides=2, padding="same"),
+                keras.layers.LeakyReLU(0.2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1),
+            ],
+            name="discriminator",
+        )
+        return generator, discriminator
+
+    def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+        config = self.config
+        return {
+            "d_optimizer": keras.optimizers.Adam(config.d_learning_rate, beta_1=config.beta_1),
+            "g_optimizer": keras.optimizers.Adam(config.g_learning_rate, beta_1=config.beta_1),
+        }
+
+    # --- the step ----------------------------------------------------------------------
+
+    def schedule(self) -> Schedule:
+        return Schedule(
+            (
+                Beat(
+                    loss="d_loss",
+                    optimizer="d_optimizer",
+                    updates="discriminator",
+                    repeat=self.config.n_critic,
+                    training=BOTH,
+                ),
+                Beat(loss="g_loss", optimizer="g_optimizer", updates="generator", training=BOTH),
+            )
+        )
+
+    def losses(self):
+        return {"d_loss": self.discriminator_loss, "g_loss": self.generator_loss}
+
+    def _fake(self, models: ModelCalls, real: tf.Tensor) -> tf.Tensor:
+        noise = tf.random.normal([tf.shape(real)[0], self.config.latent_dim])
+        return models["generator"](noise)
+
+    def discriminator_loss(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        real = batch["x"]
+        real_logits = models["discriminator"](real)
+        fake_logits = models["discriminator"](self._fake(models, real))
+        if self.config.loss == "hinge":
+            loss = tf.reduce_mean(tf.nn.relu(1.0 - real_logits)) + tf.reduce_mean(
+                tf.nn.relu(1.0 + fake_logits)
+            )
+        else:
+            real_target = tf.fill(tf.shape(real_logits), 1.0 - self.config.label_smoothing)
+            loss = _cross_entropy(real_target, real_logits) + _cross_entropy(
+                tf.zeros_like(fake_logits), fake_logits
+            )
+        return {
+            "loss": loss,
+            "d_real": tf.reduce_mean(tf.sigmoid(real_logits)),
+            "d_fake": tf.reduce_mean(tf.sigmoid(fake_logits)),
+        }
+
+    def generator_loss(self, models: ModelCalls, batch) -> tf.Tensor:
+        fake_logits = models["discriminator"](self._fake(models, batch["x"]))
+        if self.config.loss == "hinge":
+            return -tf.reduce_mean(fake_logits)
+        return _cross_entropy(tf.ones_like(fake_logits), fake_logits)
+
+    def build_metrics(self) -> dict[str, keras.metrics.Metric]:
+        return {
+            "d_real": keras.metrics.Mean(name="d_real"),
+            "d_fake": keras.metrics.Mean(name="d_fake"),
+        }
+
+    def update_metrics(self, metrics, batch, outputs) -> None:
+        metrics["d_real"].update_state(outputs["d_loss"]["d_real"])
+        metrics["d_fake"].update_state(outputs["d_loss"]["d_fake"])
+
+    # --- what people look at -------------------------------------------------------------
+
+    def fixed_latent(self, seed: int) -> np.ndarray:
+        """One latent batch per run, reused every epoch so the samples are comparable."""
+        if self._fixed_latent is None:
+            count = max(self.config.quality_samples, self.config.grid_size**2)
+            rng = np.random.default_rng(seed)
+            self._fixed_latent = rng.standard_normal((count, self.config.latent_dim)).astype(
+                np.float32
+            )
+        return self._fixed_latent
+
+    def samples(self, run: Run, count: int) -> np.ndarray:
+        """Generated samples (inference mode) from the first ``count`` fixed latents."""
+        latent = self.fixed_latent(run.seed)[:count]
+        return run.models["generator"](latent, training=False).numpy()
+
+    def epoch_figures(self, run: Run) -> dict[str, float]:
+        """Sample quality from the digits classifier (see :mod:`beatloop.quality`), when
+        the samples are 64-pixel digits; nothing for other image data."""
+        samples = self.samples(run, self.config.quality_samples)
+        if int(np.prod(samples.shape[1:])) != 64:
+            return {}
+        classifier = quality.digits_classifier(run.run_dir)
+        return quality.sample_quality(samples, classifier).as_logs()
+
+    def callbacks(self) -> list[Callback]:
+        return [SampleGrid()]
+
+
+class SampleGrid(Callback):
+    """Saves a PNG grid of samples from the fixed latent batch after every epoch, as
+    ``samples/epoch_NNN.png`` and ``samples.png`` (the latest) in the run dir."""
+
+    def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
+        if run.run_dir is None:
+            return
+        recipe = run.recipe
+        samples = recipe.samples(run, recipe.config.grid_size**2)
+        shape = image_shape(samples.shape[1:])
+        pictures = images.to_uint8(samples.reshape((len(samples), *shape)))
+        tiled = images.grid(pictures, columns=recipe.config.grid_size)
+        scale = max(1, 256 // tiled.shape[1])
+        images.save_png(tiled, Path(run.run_dir) / "samples" / f"epoch_{epoch + 1:03d}.png", scale)
+        run.artifacts["samples"] = images.save_png(tiled, Path(run.run_dir) / "samples.png", scale)
+
+
+def _cross_entropy(targets: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits))

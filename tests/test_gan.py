@@ -1,0 +1,170 @@
+"""The GAN recipe: beats that touch only their own network, n_critic, the losses, the
+sample-quality figure and the sample grid."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import beatloop
+from beatloop import quality
+from beatloop.cli import main
+from beatloop.core.forward import ModelCalls
+from beatloop.data import digits_arrays
+from beatloop.recipes.gan import Gan
+
+
+def gan_data(count=128, batch_size=32):
+    train, _ = digits_arrays(0, signed=True)
+    return tf.data.Dataset.from_tensor_slices({"x": train["x"][:count]}).batch(batch_size)
+
+
+def snapshot(model):
+    return [v.numpy().copy() for v in model.trainable_variables]
+
+
+def same(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+class Snooping(Gan):
+    """The GAN recipe, recording both networks' variables whenever a beat's loss starts
+    (run eagerly in debug mode, so each record sits between two updates)."""
+
+    name = "gan_snooping_test"
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.records = []
+
+    def losses(self):
+        def recording(beat, loss):
+            def loss_fn(models, batch):
+                if tf.executing_eagerly():
+                    g, d = models.raw("generator"), models.raw("discriminator")
+                    self.records.append((beat, snapshot(g), snapshot(d)))
+                return loss(models, batch)
+
+            return loss_fn
+
+        return {name: recording(name, fn) for name, fn in super().losses().items()}
+
+
+def test_each_beat_changes_only_its_own_network():
+    recipe = Snooping()
+    beatloop.fit(recipe, data=gan_data(64), epochs=1, seed=0, debug=True)  # 2 steps
+    beats = [r[0] for r in recipe.records]
+    assert beats[-4:] == ["d_loss", "g_loss", "d_loss", "g_loss"]
+    steps = recipe.records[-4:]
+    for (first, g1, d1), (_, g2, d2) in itertools.pairwise(steps):
+        if first == "d_loss":  # the discriminator beat ran between the two records
+            assert same(g1, g2) and not same(d1, d2)
+        else:  # the generator beat
+            assert same(d1, d2) and not same(g1, g2)
+
+
+def test_n_critic_applies_the_discriminator_optimizer_n_times_per_step():
+    result = beatloop.fit("gan", data=gan_data(96), epochs=2, seed=0, config={"n_critic": 3})
+    assert result.steps == 6
+    assert int(result.optimizers["d_optimizer"].iterations) == 18
+    assert int(result.optimizers["g_optimizer"].iterations) == 6
+    assert set(result.history) >= {"d_loss", "g_loss", "d_real", "d_fake", "sample_score"}
+
+
+def constant_discriminator(logit):
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])
+    model.layers[0].kernel.assign(np.zeros((64, 1), np.float32))
+    model.layers[0].bias.assign([logit])
+    generator = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64)])
+    return ModelCalls({"generator": generator, "discriminator": model}, frozenset())
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_non_saturating_losses_match_the_formula(smoothing):
+    b = 0.7
+    models = constant_discriminator(b)
+    batch = {"x": tf.zeros([4, 64])}
+    recipe = Gan(Gan.Config(label_smoothing=smoothing))
+    softplus = lambda v: np.log1p(np.exp(v))  # noqa: E731
+    real = (1 - smoothing) * softplus(-b) + smoothing * softplus(b)
+    out = recipe.discriminator_loss(models, batch)
+    assert float(out["loss"]) == pytest.approx(real + softplus(b), rel=1e-5)
+    assert float(out["d_real"]) == pytest.approx(1 / (1 + np.exp(-b)), rel=1e-5)
+    assert float(recipe.generator_loss(models, batch)) == pytest.approx(softplus(-b), rel=1e-5)
+
+
+def test_hinge_losses_match_the_formula():
+    models = constant_discriminator(0.4)
+    batch = {"x": tf.zeros([4, 64])}
+    recipe = Gan(Gan.Config(loss="hinge"))
+    assert float(recipe.discriminator_loss(models, batch)["loss"]) == pytest.approx(0.6 + 1.4)
+    assert float(recipe.generator_loss(models, batch)) == pytest.approx(-0.4)
+
+
+def test_sample_quality_after_training_beats_the_untrained_generator():
+    result = beatloop.fit("gan", epochs=12, seed=0)
+    untrained = Gan()
+    keras.utils.set_random_seed(0)
+    spec = {"x": tf.TensorSpec([None, 64])}
+    generator = untrained.build_models(spec)["generator"]
+    before = quality.sample_quality(
+        generator(untrained.fixed_latent(0)[:500], training=False).numpy(),
+        quality.digits_classifier(),
+    )
+    after = result.history["sample_score"][-1]
+    assert after > before.score + 1.0
+    assert result.history["sample_confidence"][-1] > before.confidence
+
+
+def test_quality_figures_on_real_digits_and_on_a_collapsed_batch():
+    train, _ = digits_arrays(0, signed=True)
+    classifier = quality.digits_classifier()
+    real = quality.sample_quality(train["x"][:500], classifier)
+    assert real.classes == 10 and real.confidence > 0.9 and real.score > 8
+    collapsed = quality.sample_quality(np.repeat(train["x"][:1], 500, axis=0), classifier)
+    assert collapsed.classes == 1 and collapsed.score == pytest.approx(1.0, abs=1e-6)
+
+
+def test_conv_architecture_on_image_shaped_data_writes_sample_grids(tmp_path):
+    train, _ = digits_arrays(0, signed=True)
+    images = tf.data.Dataset.from_tensor_slices({"x": train["x"][:64].reshape(-1, 8, 8)}).batch(32)
+    result = beatloop.fit(
+        "gan", data=images, epochs=2, seed=0, run_dir=tmp_path, config={"architecture": "conv"}
+    )
+    assert result.models["generator"].output_shape == (None, 8, 8)
+    assert any("conv2d_transpose" in v.path for v in result.models["generator"].weights)
+    grid = result.artifacts["samples"]
+    assert grid == tmp_path / "samples.png"
+    first, last = (
+        np.asarray(Image.open(tmp_path / "samples" / f"epoch_00{n}.png")) for n in (1, 2)
+    )
+    assert first.shape == np.asarray(Image.open(grid)).shape and first.shape[0] >= 200
+    assert not np.array_equal(first, last)
+    assert (tmp_path / quality.CLASSIFIER_FILE).exists()  # cached for the next run
+
+
+def test_conv_architecture_refuses_images_it_cannot_halve_twice():
+    odd = tf.data.Dataset.from_tensor_slices({"x": np.zeros((8, 6, 6), np.float32)}).batch(4)
+    with pytest.raises(beatloop.DataError, match="divide by 4"):
+        beatloop.fit("gan", data=odd, config={"architecture": "conv"})
+
+
+def test_show_gan_lists_both_beats_and_their_variables(capsys):
+    assert main(["show", "gan"]) == 0
+    out = capsys.readouterr().out
+    assert "1. d_loss: loss=d_loss optimizer=d_optimizer updates=discriminator" in out
+    assert "2. g_loss: loss=g_loss optimizer=g_optimizer updates=generator" in out
+    d_part, g_part = out.split("d_loss (")[1].split("g_loss (")
+    assert "discriminator/" in d_part and "generator/" not in d_part
+    assert "generator/" in g_part and "discriminator/" not in g_part
+
+
+def test_run_prints_where_the_grid_is(tmp_path, capsys):
+    code = main(
+        ["run", "gan", "--epochs", "1", "--seed", "0", "--run-dir", str(tmp_path), "--quiet"]
+    )
+    assert code == 0
+    assert f"samples: {tmp_path / 'samples.png'}" in capsys.readouterr().out
