@@ -32,6 +32,7 @@ _EXPORTS = {
     "ClipByGlobalNorm": "beatloop.core.beats",
     "ClipByNorm": "beatloop.core.beats",
     "ClipByValue": "beatloop.core.beats",
+    "ClipValues": "beatloop.core.beats",
     "ModelCalls": "beatloop.core.forward",
     "bind": "beatloop.core.binding",
     # callbacks
@@ -73,7 +74,14 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.batches import DataSplit
-    from beatloop.core.beats import Beat, ClipByGlobalNorm, ClipByNorm, ClipByValue, Schedule
+    from beatloop.core.beats import (
+        Beat,
+        ClipByGlobalNorm,
+        ClipByNorm,
+        ClipByValue,
+        ClipValues,
+        Schedule,
+    )
     from beatloop.core.binding import bind
     from beatloop.core.callbacks import EVENTS, Callback, Run
     from beatloop.core.engine import Engine, EngineOptions

@@ -50,3 +50,28 @@ def digits(
     """The digits split as batched pipelines; training data reshuffled every epoch."""
     train, validation = digits_arrays(seed, validation_fraction, signed)
     return DataSplit(batches(train, batch_size, shuffle_seed=seed), batches(validation, batch_size))
+
+
+def sample_photo(name: str, size: tuple[int, int]) -> np.ndarray:
+    """One of the two photographs scikit-learn ships (``"china"``, ``"flower"``), as
+    float32 RGB in [0, 1] resized to ``size`` (height, width)."""
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images()
+    names = [path.rsplit("/", 1)[-1].removesuffix(".jpg") for path in photos.filenames]
+    if name not in names:
+        raise ValueError(f"no sample photo {name!r}; scikit-learn ships {names}")
+    return _resized(photos.images[names.index(name)], size)
+
+
+def load_image(path: str, size: tuple[int, int]) -> np.ndarray:
+    """An image file as float32 RGB in [0, 1] resized to ``size`` (height, width)."""
+    from PIL import Image
+
+    with Image.open(path) as picture:
+        return _resized(np.asarray(picture.convert("RGB")), size)
+
+
+def _resized(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    image = tf.image.resize(tf.convert_to_tensor(pixels, tf.float32) / 255.0, size, "area")
+    return np.clip(image.numpy(), 0.0, 1.0)

@@ -93,6 +93,31 @@ class ClipByValue:
 GradientTransform = ClipByGlobalNorm | ClipByNorm | ClipByValue
 
 
+# --- post-update constraints ---------------------------------------------------------
+
+
+@attrs.frozen
+class ClipValues:
+    """After each update, clip the beat's variables into ``[low, high]`` (e.g. pixels
+    into [0, 1] when the variable being trained is an image)."""
+
+    low: float = attrs.field(validator=attrs.validators.instance_of((int, float)))
+    high: float = attrs.field(validator=attrs.validators.instance_of((int, float)))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.low < self.high:
+            raise ValueError(f"ClipValues needs low < high, got {self.low} and {self.high}")
+
+    def __call__(self, value: tf.Tensor) -> tf.Tensor:
+        return tf.clip_by_value(value, self.low, self.high)
+
+    def describe(self) -> str:
+        return f"clip values into [{self.low:g}, {self.high:g}] after each update"
+
+
+Constraint = ClipValues
+
+
 # --- beats and schedules -------------------------------------------------------------
 
 
@@ -106,6 +131,8 @@ class Beat:
     the models that run in training mode during the beat; ``None`` means the models the
     beat updates. ``repeat`` runs the beat several times per step on the same batch;
     ``every`` runs it only on steps whose number is a multiple of ``every``.
+    ``transform`` changes the gradients before the update; ``constraint`` maps the
+    updated variables after it.
     """
 
     loss: str = attrs.field(validator=_identifier)
@@ -122,6 +149,9 @@ class Beat:
     )
     training: tuple[str, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(_as_tuple)
+    )
+    constraint: Constraint | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(ClipValues))
     )
 
     def __attrs_post_init__(self) -> None:
@@ -145,6 +175,8 @@ class Beat:
             parts.append(f"transform=({self.transform.describe()})")
         if self.training is not None:
             parts.append(f"training={','.join(self.training) or '(none)'}")
+        if self.constraint is not None:
+            parts.append(f"constraint=({self.constraint.describe()})")
         return " ".join(parts)
 
 

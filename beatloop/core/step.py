@@ -45,6 +45,9 @@ def make_train_step(
             if check_numerics:
                 _check_finite(beat, loss, grads, state)
             beat.optimizer.apply(grads, variables)
+            if beat.beat.constraint is not None:
+                for variable in variables:
+                    variable.assign(beat.beat.constraint(variable))
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
         return outputs
 

@@ -8,9 +8,10 @@ from beatloop.plugins.hookspecs import hookimpl
 @hookimpl
 def register_recipes() -> list[type]:
     from beatloop.recipes.gan import Gan
+    from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan]
+    return [Supervised, Gan, StyleTransfer]
 
 
 @hookimpl
