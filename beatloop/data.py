@@ -75,3 +75,47 @@ def load_image(path: str, size: tuple[int, int]) -> np.ndarray:
 def _resized(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     image = tf.image.resize(tf.convert_to_tensor(pixels, tf.float32) / 255.0, size, "area")
     return np.clip(image.numpy(), 0.0, 1.0)
+
+
+def breast_cancer_arrays(seed: int, validation_fraction: float = 0.25) -> tuple[dict, dict]:
+    """scikit-learn's 569 breast-cancer cases as ``({"x", "y", "risk"}, ...)``.
+
+    ``x``: the 30 features, standardised with the training split's mean and deviation;
+    ``y``: 1 for malignant, 0 for benign (scikit-learn codes malignant as 0, so it is
+    flipped: the positive class is the one to catch). ``risk``: a per-case weight from
+    1 to 10, linear in the case's "worst area" (the largest tumour cross-section),
+    ``1 + 9 * (area - min) / (max - min)`` over all 569 cases — larger tumours cost more
+    to get wrong, as larger loans do in the credit-risk case. Stratified split by ``seed``.
+    """
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+
+    cases = load_breast_cancer()
+    area = cases.data[:, list(cases.feature_names).index("worst area")]
+    risk = (1.0 + 9.0 * (area - area.min()) / (area.max() - area.min())).astype(np.float32)
+    y = (1 - cases.target).astype(np.int32)
+    parts = train_test_split(
+        cases.data, y, risk, test_size=validation_fraction, random_state=seed, stratify=y
+    )
+    x_train, x_val, y_train, y_val, risk_train, risk_val = parts
+    mean, deviation = x_train.mean(axis=0), x_train.std(axis=0) + 1e-8
+    standard = lambda x: ((x - mean) / deviation).astype(np.float32)  # noqa: E731
+    return (
+        {"x": standard(x_train), "y": y_train, "risk": risk_train},
+        {"x": standard(x_val), "y": y_val, "risk": risk_val},
+    )
+
+
+def with_outliers(
+    arrays: Mapping[str, np.ndarray], count: int, weight: float, scale: float, seed: int
+) -> dict[str, np.ndarray]:
+    """A copy of ``arrays`` where ``count`` random samples become extreme, mislabelled and
+    heavily weighted: features times ``scale``, binary label flipped, ``risk = weight``.
+    The stress case for gradient clipping: a few such samples make updates explode."""
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(arrays["y"]), size=count, replace=False)
+    noisy = {key: np.array(value, copy=True) for key, value in arrays.items()}
+    noisy["x"][chosen] *= scale
+    noisy["y"][chosen] = 1 - noisy["y"][chosen]
+    noisy["risk"][chosen] = weight
+    return noisy

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
+import keras
 
 from beatloop.core.errors import CallbackError, did_you_mean
 
@@ -149,22 +150,20 @@ class CallbackList:
 
 
 class LazyLogs(Mapping[str, float]):
-    """Logs computed on first access, so unread logs cost no device-to-host copy."""
+    """Logs read from their metrics only when, and only as far as, a callback looks: a
+    callback that ignores them costs nothing, one that reads ``loss`` pays for ``loss``."""
 
-    def __init__(self, compute):
-        self._compute = compute
-        self._values: dict[str, float] | None = None
-
-    def _get(self) -> dict[str, float]:
-        if self._values is None:
-            self._values = self._compute()
-        return self._values
+    def __init__(self, metrics: Mapping[str, keras.metrics.Metric]):
+        self._metrics = metrics
+        self._values: dict[str, float] = {}
 
     def __getitem__(self, key: str) -> float:
-        return self._get()[key]
+        if key not in self._values:
+            self._values[key] = float(self._metrics[key].result())
+        return self._values[key]
 
     def __iter__(self):
-        return iter(self._get())
+        return iter(self._metrics)
 
     def __len__(self) -> int:
-        return len(self._get())
+        return len(self._metrics)

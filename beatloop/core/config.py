@@ -6,6 +6,7 @@ Overrides come from Python (``config={"hidden": 128}``) or the command line
 
 from __future__ import annotations
 
+import collections.abc
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -81,6 +82,8 @@ def type_name(annotation: Any) -> str:
         return " | ".join(repr(a) for a in args)
     if typing.get_origin(annotation) is tuple:
         return f"tuple[{', '.join(type_name(a) for a in args)}]"
+    if typing.get_origin(annotation) is collections.abc.Callable:
+        return "function"
     return getattr(annotation, "__name__", str(annotation))
 
 
@@ -105,6 +108,10 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
         raise _wrong_type(key, annotation, value)
     if typing.get_origin(annotation) is typing.Literal:
         if value in typing.get_args(annotation):
+            return value
+        raise _wrong_type(key, annotation, value)
+    if typing.get_origin(annotation) is collections.abc.Callable:
+        if callable(value):
             return value
         raise _wrong_type(key, annotation, value)
     if typing.get_origin(annotation) is tuple:
@@ -141,6 +148,8 @@ def _from_text(text: str, annotation: Any, key: str) -> Any:
             if str(choice) == text:
                 return choice
         raise _wrong_type(key, annotation, text)
+    if typing.get_origin(annotation) is collections.abc.Callable:
+        raise ConfigError(f"config field {key!r} takes a Python function; set it from Python")
     if typing.get_origin(annotation) is tuple:
         inner = typing.get_args(annotation)
         item_type = inner[0] if inner else str

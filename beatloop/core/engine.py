@@ -143,7 +143,7 @@ class Engine:
             self.callbacks.fire("execution_start", run)
             ran = _run_compiled(self.train_loop, self._iterator, limit, "training")
             steps += ran
-            self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.results))
+            self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.named()))
             if ran < limit:  # the data ran out; start afresh next epoch
                 self._iterator = None
                 break

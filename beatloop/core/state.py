@@ -40,13 +40,10 @@ class StepMetrics:
         for metric in (*self.losses.values(), *self.metrics.values()):
             metric.reset_state()
 
+    def named(self) -> dict[str, keras.metrics.Metric]:
+        """Every metric under its logged name (``prefix`` + name)."""
+        return {self.prefix + name: m for name, m in (*self.losses.items(), *self.metrics.items())}
+
     def results(self) -> dict[str, float]:
         """Current values as Python floats (reads variables: call between compiled calls)."""
-        values = {self.prefix + name: float(m.result()) for name, m in self.losses.items()}
-        for name, metric in self.metrics.items():
-            values[self.prefix + name] = float(metric.result())
-        return values
-
-    def loss_results(self) -> dict[str, float]:
-        """Only the beat losses: cheaper than :meth:`results`, for a progress bar."""
-        return {self.prefix + name: float(m.result()) for name, m in self.losses.items()}
+        return {name: float(metric.result()) for name, metric in self.named().items()}

@@ -8,10 +8,11 @@ from beatloop.plugins.hookspecs import hookimpl
 @hookimpl
 def register_recipes() -> list[type]:
     from beatloop.recipes.gan import Gan
+    from beatloop.recipes.risk_weighted import RiskWeighted
     from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan, StyleTransfer]
+    return [Supervised, Gan, StyleTransfer, RiskWeighted]
 
 
 @hookimpl

@@ -1,0 +1,163 @@
+"""The risk-weighted recipe: weighted per-sample losses, clipped gradients, AUC and KS."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy.stats import ks_2samp
+
+import beatloop
+from beatloop import data
+from beatloop.core.forward import ModelCalls
+from beatloop.metrics import KSStatistic
+from beatloop.recipes.risk_weighted import RiskWeighted
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return data.breast_cancer_arrays(0)
+
+
+def gradients(recipe, model, batch):
+    with tf.GradientTape() as tape:
+        loss = recipe.weighted_loss(ModelCalls({"model": model}, frozenset()), batch)["loss"]
+    return tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.fixture
+def recipe_and_model(cases):
+    recipe = RiskWeighted()
+    keras.utils.set_random_seed(0)
+    model = recipe.build_models({"x": tf.TensorSpec([None, 30])})["model"]
+    return recipe, model
+
+
+def batch_of(train, rows, weights=None):
+    batch = {key: tf.constant(value[rows]) for key, value in train.items()}
+    if weights is not None:
+        batch["risk"] = tf.constant(weights, tf.float32)
+    return batch
+
+
+def test_a_weight_zero_sample_contributes_nothing(cases, recipe_and_model):
+    recipe, model = recipe_and_model
+    train, _ = cases
+    rows = np.arange(8)
+    weights = train["risk"][rows].copy()
+    weights[3] = 0.0
+    with_it = gradients(recipe, model, batch_of(train, rows, weights))
+    without = gradients(recipe, model, batch_of(train, np.delete(rows, 3)))
+    for a, b in zip(with_it, without, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert max(float(tf.norm(g)) for g in with_it) > 1e-3  # a real gradient, not zeros
+
+
+def test_doubling_every_weight_doubles_the_gradient(cases, recipe_and_model):
+    recipe, model = recipe_and_model
+    train, _ = cases
+    rows = np.arange(16)
+    once = gradients(recipe, model, batch_of(train, rows))
+    twice = gradients(recipe, model, batch_of(train, rows, 2 * train["risk"][rows]))
+    for a, b in zip(once, twice, strict=True):
+        np.testing.assert_allclose(2 * a.numpy(), b, rtol=1e-5, atol=1e-7)
+
+
+def test_clipping_bounds_every_gradient_tensor(cases, recipe_and_model):
+    recipe, model = recipe_and_model
+    train, _ = cases
+    rows = np.arange(32)
+    grads = gradients(recipe, model, batch_of(train, rows, 100 * train["risk"][rows]))
+    assert max(float(tf.norm(g)) for g in grads) > 10  # clipping has work to do
+    clipped = recipe.schedule().beats[0].transform(grads)
+    assert all(float(tf.norm(g)) <= 1.0 + 1e-5 for g in clipped)
+
+
+def test_the_engine_applies_the_clip_before_each_update(cases):
+    train, _ = cases
+    heavy = {**train, "risk": train["risk"] * 1000}
+    result = beatloop.fit(
+        "risk_weighted",
+        data=data.batches({k: v[:64] for k, v in heavy.items()}, 32),
+        config={"clip_norm": 0.01, "optimizer": "sgd", "learning_rate": 1.0},
+        seed=0,
+        steps_per_execution=1,
+    )
+    keras.utils.set_random_seed(0)
+    initial = RiskWeighted().build_models({"x": tf.TensorSpec([None, 30])})["model"]
+    # Two SGD(1.0) steps of per-tensor norm <= 0.01 move each tensor by <= 0.02.
+    for before, after in zip(initial.weights, result.models["model"].weights, strict=True):
+        moved = float(np.linalg.norm(after.numpy() - before.numpy()))
+        assert 0.005 < moved <= 0.02 + 1e-6
+
+
+def test_ks_metric_equals_scipy_across_batches():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 500)
+    scores = 1 / (1 + np.exp(-(rng.normal(size=500) + labels)))
+    metric = KSStatistic()
+    for start in range(0, 500, 64):
+        metric.update_state(labels[start : start + 64], scores[start : start + 64])
+    expected = ks_2samp(scores[labels == 1], scores[labels == 0]).statistic
+    assert float(metric.result()) == pytest.approx(expected, abs=1e-6)
+    metric.reset_state()
+    assert float(metric.result()) == 0.0
+
+
+def test_default_run_reports_auc_and_ks_of_its_validation_scores():
+    result = beatloop.fit("risk_weighted", epochs=3, seed=0)
+    history = result.history
+    assert set(history) == {"loss", "auc", "ks", "val_loss", "val_auc", "val_ks"}
+    assert history["val_auc"][-1] > 0.95
+    _, validation = data.breast_cancer_arrays(0)
+    scores = tf.sigmoid(result.models["model"](validation["x"])[:, 0]).numpy()
+    labels = validation["y"]
+    expected = ks_2samp(scores[labels == 1], scores[labels == 0]).statistic
+    assert history["val_ks"][-1] == pytest.approx(expected, abs=1e-6)
+
+
+def test_outliers_explode_training_without_clipping_and_not_with_it(cases):
+    train, validation = cases
+    noisy = data.with_outliers(train, count=5, weight=100.0, scale=10.0, seed=0)
+    runs = {
+        clip: beatloop.fit(
+            "risk_weighted",
+            data=(data.batches(noisy, 32, shuffle_seed=0), data.batches(validation, 32)),
+            epochs=6,
+            seed=0,
+            config={"clip": clip},
+        ).history
+        for clip in ("none", "norm")
+    }
+    unclipped, clipped = runs["none"]["loss"], runs["norm"]["loss"]
+    assert max(unclipped) > 1000 * max(clipped)
+    assert max(clipped) < 100 and runs["norm"]["val_auc"][-1] > 0.95
+
+
+def test_risk_from_a_function_of_the_batch_and_multiclass(cases):
+    train, _ = cases
+    no_risk = tf.data.Dataset.from_tensor_slices({"x": train["x"], "y": train["y"]}).batch(64)
+    with pytest.raises(beatloop.DataError, match=r"keys \['risk', 'x', 'y'\]"):
+        beatloop.fit("risk_weighted", data=no_risk)
+    result = beatloop.fit(
+        "risk_weighted", data=no_risk, config={"risk": lambda batch: 1.0 + batch["x"][:, 0] ** 2}
+    )
+    assert np.isfinite(result.history["loss"][0])
+
+    digits, _ = data.digits_arrays(0)
+    ten = tf.data.Dataset.from_tensor_slices(digits).batch(64)
+    result = beatloop.fit(
+        "risk_weighted",
+        data=ten,
+        epochs=2,
+        seed=0,
+        config={"classes": 10, "optimizer": "adam", "learning_rate": 0.01,
+                "risk": lambda batch: tf.ones_like(batch["y"], tf.float32)},
+    )  # fmt: skip
+    assert set(result.history) == {"loss", "auc"} and result.history["auc"][-1] > 0.9
+
+
+def test_risk_function_cannot_come_from_the_command_line(capsys):
+    from beatloop.cli import main
+
+    assert main(["run", "risk_weighted", "--set", "risk=lambda b: 1"]) == 2
+    assert "expects function | None" in capsys.readouterr().err
