@@ -23,6 +23,7 @@ import time
 
 import keras
 import tensorflow as tf
+from common import EpochTimer
 
 import beatloop
 from beatloop.data import digits_arrays
@@ -61,17 +62,6 @@ class StepOnly(Gan):
 
     def callbacks(self):
         return []
-
-
-class EpochTimer(beatloop.Callback):
-    def __init__(self):
-        self.times: list[float] = []
-
-    def on_epoch_start(self, run, epoch):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, run, epoch, logs):
-        self.times.append(time.perf_counter() - self._start)
 
 
 def run_beatloop(data, epochs: int, steps_per_execution: int) -> list[float]:

@@ -12,6 +12,10 @@ from collections.abc import Iterable
 class BeatloopError(Exception):
     """Base class of every error beatloop raises on purpose."""
 
+    # Raised while a step is being traced, it reaches the user as itself, not wrapped
+    # in autograph's StagingError with a generated-code traceback.
+    ag_pass_through = True
+
 
 class ConfigError(BeatloopError, ValueError):
     """A recipe config field that does not exist, or a value of the wrong type or range."""

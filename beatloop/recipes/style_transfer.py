@@ -108,6 +108,7 @@ class StyleImage(keras.layers.Layer):
             trainable=True,
             name="pixels",
         )
+        self.built = True  # its variable exists already: nothing to build lazily
 
     def call(self, inputs):
         return tf.convert_to_tensor(self.pixels)

@@ -1,0 +1,310 @@
+"""The multi-task recipe: a shared backbone, one head per task, and dynamically weighted
+task losses.
+
+Two schedules. ``joint``: one beat whose loss is the weighted sum of the task losses;
+one optimizer updates the backbone and every head at once (the brief's "concatenate the
+gradient lists, apply once"). ``alternating``: one beat per task, each updating the
+backbone (declared shared) and its own head.
+
+Three weightings. ``fixed``: the configured weights. ``uncertainty``: Kendall, Gal &
+Cipolla, "Multi-Task Learning Using Uncertainty to Weigh Losses" (CVPR 2018): each task
+has a learned log-variance ``s`` and contributes ``exp(-s) * L + s``; the ``s`` are
+variables like any other, updated by the beats. ``dwa``: Dynamic Weight Average, Liu,
+Johns & Davison, "End-to-End Multi-Task Learning with Attention" (CVPR 2019): after each
+epoch ``w_i = N * softmax_i(r_i / T)`` with ``r_i = L_i(t-1) / L_i(t-2)``, weights 1 for
+the first two epochs, set at epoch end by a callback, not by an optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Literal
+
+import attrs
+import keras
+import tensorflow as tf
+
+from beatloop import data
+from beatloop.core.batches import DataSplit
+from beatloop.core.beats import Beat, Schedule
+from beatloop.core.callbacks import Callback, Run
+from beatloop.core.errors import ConfigError
+from beatloop.core.forward import ModelCalls
+from beatloop.core.recipe import Recipe
+
+_positive = attrs.validators.gt(0)
+
+
+@attrs.frozen
+class Task:
+    """One task: its name, kind, and where its target comes from.
+
+    ``classification`` tasks read integer labels, ``regression`` tasks one number per
+    sample; ``target`` is a batch key, or ``"ink"``: the mean pixel value of ``x``.
+    """
+
+    name: str
+    kind: Literal["classification", "regression"]
+    target: str
+    classes: int = 1
+
+    def targets(self, batch) -> tf.Tensor:
+        if self.target == "ink":
+            return tf.reduce_mean(tf.reshape(batch["x"], [tf.shape(batch["x"])[0], -1]), axis=1)
+        return tf.reshape(batch[self.target], [-1])
+
+    def loss(self, outputs: tf.Tensor, batch) -> tf.Tensor:
+        targets = self.targets(batch)
+        if self.kind == "classification":
+            return tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=tf.cast(targets, tf.int32), logits=outputs
+                )
+            )
+        return tf.reduce_mean(tf.square(outputs[:, 0] - tf.cast(targets, tf.float32)))
+
+
+BUILT_IN_TASKS = {
+    "digit": Task("digit", "classification", "y", classes=10),
+    "ink": Task("ink", "regression", "ink"),
+}
+
+
+def parse_task(spec: str) -> Task:
+    """``"digit"``, ``"ink"``, or ``"NAME=classification:K"`` / ``"NAME=regression"``
+    reading the batch key NAME."""
+    if spec in BUILT_IN_TASKS:
+        return BUILT_IN_TASKS[spec]
+    name, sep, kind = spec.partition("=")
+    kind, _, classes = kind.partition(":")
+    if sep and name.isidentifier() and kind == "regression" and not classes:
+        return Task(name, "regression", name)
+    if sep and name.isidentifier() and kind == "classification" and classes.isdigit():
+        return Task(name, "classification", name, classes=int(classes))
+    raise ConfigError(
+        f"task {spec!r} is not 'digit', 'ink', 'KEY=classification:CLASSES' or 'KEY=regression'"
+    )
+
+
+def _tasks_valid(instance, attribute, value) -> None:
+    tasks = [parse_task(spec) for spec in value]
+    if len(tasks) < 2:
+        raise ValueError(f"multitask needs at least two tasks, got {list(value)}")
+    if len({t.name for t in tasks}) != len(tasks):
+        raise ValueError(f"task names must be distinct, got {[t.name for t in tasks]}")
+
+
+@attrs.frozen
+class MultitaskConfig:
+    """Settings of the multi-task recipe."""
+
+    tasks: tuple[str, ...] = attrs.field(default=("digit", "ink"), validator=_tasks_valid)
+    schedule: Literal["joint", "alternating"] = attrs.field(
+        default="joint", validator=attrs.validators.in_(("joint", "alternating"))
+    )
+    weighting: Literal["fixed", "uncertainty", "dwa"] = attrs.field(
+        default="fixed", validator=attrs.validators.in_(("fixed", "uncertainty", "dwa"))
+    )
+    weights: tuple[float, ...] = ()
+    dwa_temperature: float = attrs.field(default=2.0, validator=_positive)
+    hidden: int = attrs.field(default=64, validator=_positive)
+    learning_rate: float = attrs.field(default=1e-3, validator=_positive)
+    batch_size: int = attrs.field(default=32, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.weights and len(self.weights) != len(self.tasks):
+            raise ValueError(
+                f"weights gives {len(self.weights)} value(s) for {len(self.tasks)} tasks"
+            )
+
+
+class TaskWeights(keras.layers.Layer):
+    """The tasks' loss weights as a non-trainable variable: fixed, or set by DWA at
+    epoch end; a variable so the compiled step reads the current values."""
+
+    def __init__(self, initial: list[float], **kwargs):
+        super().__init__(**kwargs)
+        self.values = self.add_weight(
+            shape=(len(initial),),
+            initializer=keras.initializers.Constant(initial),
+            trainable=False,
+            name="values",
+        )
+        self.built = True  # its variable exists already: nothing to build lazily
+
+    def call(self, inputs):
+        return tf.convert_to_tensor(self.values)
+
+
+class LogVariances(keras.layers.Layer):
+    """One learned log-variance ``s`` per task (uncertainty weighting), each its own
+    variable so a task's beat can own its own."""
+
+    def __init__(self, task_names: list[str], **kwargs):
+        super().__init__(**kwargs)
+        self.log_variances = {
+            name: self.add_weight(shape=(), initializer="zeros", name=f"log_var_{name}")
+            for name in task_names
+        }
+        self.built = True
+
+    def call(self, inputs):
+        return inputs
+
+
+class Multitask(Recipe):
+    """Shared backbone, one head per task, fixed/uncertainty/DWA loss weights (digits)."""
+
+    name = "multitask"
+    Config = MultitaskConfig
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [parse_task(spec) for spec in self.config.tasks]
+
+    @property
+    def batch_keys(self) -> dict[str, int]:
+        keys = {"x": 2}
+        keys.update({t.target: 1 for t in self.tasks if t.target != "ink"})
+        return keys
+
+    def default_data(self, seed: int) -> DataSplit:
+        return data.digits(seed, self.config.batch_size)
+
+    def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
+        hidden = self.config.hidden
+        models: dict[str, keras.Layer] = {
+            "backbone": keras.Sequential(
+                [
+                    keras.Input(tuple(batch_spec["x"].shape[1:])),
+                    keras.layers.Flatten(),
+                    keras.layers.Dense(hidden, activation="relu"),
+                    keras.layers.Dense(hidden, activation="relu"),
+                ],
+                name="backbone",
+            )
+        }
+        for task in self.tasks:
+            models[f"head_{task.name}"] = keras.Sequential(
+                [keras.Input((hidden,)), keras.layers.Dense(task.classes)], name=f"head_{task.name}"
+            )
+        initial = list(self.config.weights) or [1.0] * len(self.tasks)
+        models["loss_weights"] = TaskWeights(initial, name="loss_weights")
+        if self.config.weighting == "uncertainty":
+            models["uncertainty"] = LogVariances([t.name for t in self.tasks], name="uncertainty")
+        return models
+
+    def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
+        return {"optimizer": keras.optimizers.Adam(self.config.learning_rate)}
+
+    def schedule(self) -> Schedule:
+        uncertain = self.config.weighting == "uncertainty"
+        if self.config.schedule == "joint":
+            updates = ["backbone", *(f"head_{t.name}" for t in self.tasks)]
+            if uncertain:
+                updates.append("uncertainty")
+            return Schedule(Beat(loss="total", optimizer="optimizer", updates=tuple(updates)))
+        beats = []
+        for task in self.tasks:
+            updates = ["backbone", f"head_{task.name}"]
+            if uncertain:
+                updates.append(f"uncertainty:*log_var_{task.name}")
+            beats.append(
+                Beat(loss=f"task_{task.name}", optimizer="optimizer", updates=tuple(updates))
+            )
+        return Schedule(tuple(beats), shared="backbone")
+
+    # --- losses ----------------------------------------------------------------------------
+
+    def losses(self):
+        if self.config.schedule == "joint":
+            return {"total": self.joint_loss}
+        return {f"task_{t.name}": self._task_beat(t) for t in self.tasks}
+
+    def _weighted(self, models: ModelCalls, index: int, task: Task, loss: tf.Tensor) -> tf.Tensor:
+        if self.config.weighting == "uncertainty":
+            s = models.raw("uncertainty").log_variances[task.name]
+            return tf.exp(-s) * loss + s
+        return models.raw("loss_weights").values[index] * loss
+
+    def _task_outputs(self, models: ModelCalls, task: Task, features, batch) -> dict:
+        outputs = models[f"head_{task.name}"](features)
+        return {f"{task.name}_loss": task.loss(outputs, batch), f"{task.name}_out": outputs}
+
+    def joint_loss(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        features = models["backbone"](batch["x"])
+        result, total = {}, []
+        for index, task in enumerate(self.tasks):
+            outputs = self._task_outputs(models, task, features, batch)
+            total.append(self._weighted(models, index, task, outputs[f"{task.name}_loss"]))
+            result.update(outputs)
+        return {"loss": tf.add_n(total), **result}
+
+    def _task_beat(self, task: Task):
+        index = self.tasks.index(task)
+
+        def task_loss(models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+            features = models["backbone"](batch["x"])
+            outputs = self._task_outputs(models, task, features, batch)
+            loss = self._weighted(models, index, task, outputs[f"{task.name}_loss"])
+            return {"loss": loss, **outputs}
+
+        return task_loss
+
+    # --- metrics and weights -----------------------------------------------------------
+
+    def build_metrics(self) -> dict[str, keras.metrics.Metric]:
+        metrics = {}
+        for task in self.tasks:
+            metrics[f"{task.name}_loss"] = keras.metrics.Mean(name=f"{task.name}_loss")
+            if task.kind == "classification":
+                metrics[f"{task.name}_accuracy"] = keras.metrics.SparseCategoricalAccuracy()
+            else:
+                metrics[f"{task.name}_mae"] = keras.metrics.MeanAbsoluteError()
+        return metrics
+
+    def update_metrics(self, metrics, batch, outputs) -> None:
+        merged = {key: value for beat in outputs.values() for key, value in beat.items()}
+        for task in self.tasks:
+            metrics[f"{task.name}_loss"].update_state(merged[f"{task.name}_loss"])
+            prediction, target = merged[f"{task.name}_out"], task.targets(batch)
+            if task.kind == "classification":
+                metrics[f"{task.name}_accuracy"].update_state(target, prediction)
+            else:
+                metrics[f"{task.name}_mae"].update_state(target, prediction[:, 0])
+
+    def current_weights(self, models: Mapping[str, keras.Layer]) -> dict[str, float]:
+        """The weight each task's loss had this epoch (``exp(-s)`` for uncertainty)."""
+        if self.config.weighting == "uncertainty":
+            log_variances = models["uncertainty"].log_variances
+            return {t.name: math.exp(-float(log_variances[t.name])) for t in self.tasks}
+        values = models["loss_weights"].values.numpy()
+        return {t.name: float(v) for t, v in zip(self.tasks, values, strict=True)}
+
+    def epoch_figures(self, run: Run) -> dict[str, float]:
+        return {f"weight_{name}": w for name, w in self.current_weights(run.models).items()}
+
+    def callbacks(self) -> list[Callback]:
+        return [DynamicWeightAverage()] if self.config.weighting == "dwa" else []
+
+
+def dwa_weights(previous: list[float], before: list[float], temperature: float) -> list[float]:
+    """Liu et al.'s DWA: ``N * softmax(r / T)`` with ``r_i = L_i(t-1) / L_i(t-2)``."""
+    ratios = [p / b for p, b in zip(previous, before, strict=True)]
+    exps = [math.exp(r / temperature) for r in ratios]
+    return [len(exps) * e / sum(exps) for e in exps]
+
+
+class DynamicWeightAverage(Callback):
+    """Sets the task weights for the next epoch from the last two epochs' task losses."""
+
+    def __init__(self):
+        self.losses: list[list[float]] = []
+
+    def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
+        recipe = run.recipe
+        self.losses.append([logs[f"{t.name}_loss"] for t in recipe.tasks])
+        if len(self.losses) >= 2:
+            weights = dwa_weights(self.losses[-1], self.losses[-2], recipe.config.dwa_temperature)
+            run.models["loss_weights"].values.assign(weights)

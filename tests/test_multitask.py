@@ -1,0 +1,167 @@
+"""The multi-task recipe: joint and alternating schedules, fixed, uncertainty and DWA
+loss weights."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import beatloop
+from beatloop import data
+from beatloop.core.forward import ModelCalls
+from beatloop.recipes.multitask import Multitask, dwa_weights
+
+SPEC = {"x": tf.TensorSpec([None, 64]), "y": tf.TensorSpec([None], tf.int32)}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.digits_arrays(0)
+
+
+def small(arrays, count=256, batch_size=64, **extra):
+    subset = {key: value[:count] for key, value in arrays.items()}
+    subset.update({key: value[:count] for key, value in extra.items()})
+    return tf.data.Dataset.from_tensor_slices(subset).batch(batch_size)
+
+
+def test_joint_beat_gives_every_backbone_and_head_variable_a_gradient(digits):
+    train, _ = digits
+    recipe = Multitask()
+    models = recipe.build_models(SPEC)
+    batch = next(iter(small(train)))
+    variables = [
+        v
+        for name in ("backbone", "head_digit", "head_ink")
+        for v in models[name].trainable_variables
+    ]
+    with tf.GradientTape() as tape:
+        loss = recipe.joint_loss(ModelCalls(models, frozenset()), batch)["loss"]
+    grads = tape.gradient(loss, variables)
+    assert len(grads) == 8  # two backbone layers and two heads, a kernel and a bias each
+    assert all(g is not None and float(tf.norm(g)) > 0 for g in grads)
+    bound = beatloop.bind(
+        recipe.schedule(), models, recipe.build_optimizers(), recipe.losses(), SPEC
+    )
+    (beat,) = bound.beats
+    assert {id(v) for v in beat.variables} == {id(v) for v in variables}
+
+
+class Snooping(Multitask):
+    """Records every head's variables whenever a beat's loss starts (eager debug mode)."""
+
+    name = "multitask_snooping_test"
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.records = []
+
+    def losses(self):
+        def recording(name, loss):
+            def loss_fn(models, batch):
+                if tf.executing_eagerly():
+                    parts = ("backbone", "head_digit", "head_ink")
+                    self.records.append(
+                        (
+                            name,
+                            {p: [v.numpy().copy() for v in models.raw(p).weights] for p in parts},
+                        )
+                    )
+                return loss(models, batch)
+
+            return loss_fn
+
+        return {name: recording(name, fn) for name, fn in super().losses().items()}
+
+
+def test_alternating_beat_leaves_the_other_heads_unchanged(digits):
+    train, _ = digits
+    recipe = Snooping(Multitask.Config(schedule="alternating"))
+    result = beatloop.fit(recipe, data=small(train, 128), epochs=1, seed=0, debug=True)
+    assert "shared: backbone" in result.schedule.describe()
+    names = [name for name, _ in recipe.records]
+    assert names == ["task_digit", "task_ink"] * 2
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    for (beat, before), (_, after) in itertools.pairwise(recipe.records):
+        task, other = ("digit", "ink") if beat == "task_digit" else ("ink", "digit")
+        assert same(before[f"head_{other}"], after[f"head_{other}"])
+        assert not same(before[f"head_{task}"], after[f"head_{task}"])
+        assert not same(before["backbone"], after["backbone"])
+
+
+def test_fixed_weights_scale_the_task_losses(digits):
+    train, _ = digits
+    result = beatloop.fit(
+        "multitask", data=small(train), epochs=2, seed=0, config={"weights": (1.0, 0.0)}
+    )
+    assert result.history["weight_digit"] == [1.0, 1.0] and result.history["weight_ink"] == [
+        0.0,
+        0.0,
+    ]
+    assert result.history["total"] == pytest.approx(result.history["digit_loss"], rel=1e-5)
+
+
+def test_dwa_weights_follow_the_formula_from_the_logged_losses(digits):
+    train, _ = digits
+    result = beatloop.fit(
+        "multitask", data=small(train), epochs=4, seed=0,
+        config={"weighting": "dwa", "dwa_temperature": 2.0},
+    )  # fmt: skip
+    history = result.history
+    assert history["weight_digit"][:2] == [1.0, 1.0] and history["weight_ink"][:2] == [1.0, 1.0]
+    for epoch in (2, 3):  # weights used in an epoch come from the two epochs before it
+        ratios = [
+            history[f"{t}_loss"][epoch - 1] / history[f"{t}_loss"][epoch - 2]
+            for t in ("digit", "ink")
+        ]
+        exps = [math.exp(r / 2.0) for r in ratios]
+        by_hand = [2 * e / sum(exps) for e in exps]
+        assert history["weight_digit"][epoch] == pytest.approx(by_hand[0], rel=1e-6)
+        assert history["weight_ink"][epoch] == pytest.approx(by_hand[1], rel=1e-6)
+        assert sum(by_hand) == pytest.approx(2.0)
+    assert dwa_weights([1.0, 2.0], [1.0, 1.0], 1.0)[1] > 1.0  # the slower task gains weight
+
+
+def test_uncertainty_weight_falls_for_a_task_whose_loss_is_inflated(digits):
+    train, _ = digits
+    ink = train["x"].mean(axis=1).astype(np.float32)
+    config = {
+        "weighting": "uncertainty",
+        "tasks": ("digit", "level=regression"),
+        "learning_rate": 0.01,
+    }
+    weights = {}
+    for scale in (1.0, 30.0):
+        history = beatloop.fit(
+            "multitask", data=small(train, 512, level=ink * scale), epochs=4, seed=0, config=config
+        ).history
+        weights[scale] = history["weight_level"]
+    # exp(-s): the learned variance of the inflated task grows, so its weight drops.
+    assert weights[30.0][-1] < 1.0 < weights[1.0][-1]
+    assert weights[30.0][-1] < weights[30.0][0]
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"tasks": ("digit",)}, "at least two tasks"),
+        ({"tasks": ("digit", "colour=classify")}, "is not 'digit', 'ink'"),
+        ({"weights": (1.0,)}, "weights gives 1 value"),
+    ],
+)
+def test_bad_task_configs(config, message):
+    with pytest.raises(beatloop.ConfigError, match=message):
+        beatloop.make_recipe("multitask", config)
+
+
+def test_task_keys_are_checked_against_the_data(digits):
+    train, _ = digits
+    with pytest.raises(beatloop.DataError, match=r"\['level', 'x', 'y'\]"):
+        beatloop.fit(
+            "multitask", data=small(train), config={"tasks": ("digit", "level=regression")}
+        )
