@@ -165,3 +165,18 @@ def test_task_keys_are_checked_against_the_data(digits):
         beatloop.fit(
             "multitask", data=small(train), config={"tasks": ("digit", "level=regression")}
         )
+
+
+def test_a_users_backbone_and_head(digits):
+    import keras
+
+    train, _ = digits
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="tanh")])
+    head = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])
+    result = beatloop.fit(
+        "multitask", data=small(train), epochs=2, seed=0,
+        models={"backbone": backbone, "head_ink": head},
+    )  # fmt: skip
+    assert result.models["backbone"] is backbone and result.models["head_ink"] is head
+    assert result.history["ink_loss"][1] < result.history["ink_loss"][0]
