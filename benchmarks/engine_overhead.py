@@ -30,6 +30,7 @@ import attrs
 import keras
 import numpy as np
 import tensorflow as tf
+from common import EpochTimer
 
 import beatloop
 
@@ -114,19 +115,6 @@ class TrainMetrics:
 # --- epoch timers -----------------------------------------------------------------------
 
 
-class BeatloopTimer(beatloop.Callback):
-    """Wall time of each beatloop epoch."""
-
-    def __init__(self):
-        self.times: list[float] = []
-
-    def on_epoch_start(self, run, epoch):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, run, epoch, logs):
-        self.times.append(time.perf_counter() - self._start)
-
-
 class KerasTimer(keras.callbacks.Callback):
     """Wall time of each Keras ``fit`` epoch."""
 
@@ -146,7 +134,7 @@ class KerasTimer(keras.callbacks.Callback):
 
 def run_beatloop(dataset, weights, epochs: int, steps_per_execution: int) -> list[float]:
     """beatloop's supervised recipe on the engine."""
-    timer = BeatloopTimer()
+    timer = EpochTimer()
     beatloop.fit(
         "supervised",
         data=(dataset, None),

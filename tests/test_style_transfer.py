@@ -52,10 +52,10 @@ def test_image_mode_halves_the_style_loss_and_keeps_the_content(image_run):
 
 def style_photo_layer(recipe):
     """A picture layer holding the style photograph itself."""
-    from beatloop.recipes.style_transfer import StyleImage
+    from beatloop.recipes.style_transfer import style_image
 
     batch = next(iter(recipe.default_data(0).train.take(1)))
-    return StyleImage(batch["style"].numpy())
+    return style_image(batch["style"].numpy())
 
 
 def test_feature_network_is_frozen_bit_for_bit(image_run):
@@ -67,7 +67,7 @@ def test_feature_network_is_frozen_bit_for_bit(image_run):
 
 def test_pixels_stay_in_range_by_the_beats_constraint(image_run):
     _, _, _, result = image_run
-    pixels = result.models["image"].pixels.numpy()
+    pixels = result.models["image"].variable.numpy()
     assert pixels.min() >= 0.0 and pixels.max() <= 1.0
     # The constraint did work: some pixels sit exactly on a bound.
     assert np.isin(pixels, [0.0, 1.0]).sum() > 0

@@ -32,6 +32,7 @@ from beatloop.core.callbacks import Callback, Run
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
+from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
 
@@ -119,24 +120,6 @@ class MultitaskConfig:
             )
 
 
-class TaskWeights(keras.layers.Layer):
-    """The tasks' loss weights as a non-trainable variable: fixed, or set by DWA at
-    epoch end; a variable so the compiled step reads the current values."""
-
-    def __init__(self, initial: list[float], **kwargs):
-        super().__init__(**kwargs)
-        self.values = self.add_weight(
-            shape=(len(initial),),
-            initializer=keras.initializers.Constant(initial),
-            trainable=False,
-            name="values",
-        )
-        self.built = True  # its variable exists already: nothing to build lazily
-
-    def call(self, inputs):
-        return tf.convert_to_tensor(self.values)
-
-
 class LogVariances(keras.layers.Layer):
     """One learned log-variance ``s`` per task (uncertainty weighting), each its own
     variable so a task's beat can own its own."""
@@ -190,7 +173,10 @@ class Multitask(Recipe):
                 [keras.Input((hidden,)), keras.layers.Dense(task.classes)], name=f"head_{task.name}"
             )
         initial = list(self.config.weights) or [1.0] * len(self.tasks)
-        models["loss_weights"] = TaskWeights(initial, name="loss_weights")
+        # A non-trainable variable, so the compiled step reads weights DWA changes.
+        models["loss_weights"] = VariableLayer(
+            initial, trainable=False, variable_name="values", name="loss_weights"
+        )
         if self.config.weighting == "uncertainty":
             models["uncertainty"] = LogVariances([t.name for t in self.tasks], name="uncertainty")
         return models
@@ -226,7 +212,7 @@ class Multitask(Recipe):
         if self.config.weighting == "uncertainty":
             s = models.raw("uncertainty").log_variances[task.name]
             return tf.exp(-s) * loss + s
-        return models.raw("loss_weights").values[index] * loss
+        return models.raw("loss_weights").variable[index] * loss
 
     def _task_outputs(self, models: ModelCalls, task: Task, features, batch) -> dict:
         outputs = models[f"head_{task.name}"](features)
@@ -279,7 +265,7 @@ class Multitask(Recipe):
         if self.config.weighting == "uncertainty":
             log_variances = models["uncertainty"].log_variances
             return {t.name: math.exp(-float(log_variances[t.name])) for t in self.tasks}
-        values = models["loss_weights"].values.numpy()
+        values = models["loss_weights"].variable.numpy()
         return {t.name: float(v) for t, v in zip(self.tasks, values, strict=True)}
 
     def epoch_figures(self, run: Run) -> dict[str, float]:
@@ -307,4 +293,4 @@ class DynamicWeightAverage(Callback):
         self.losses.append([logs[f"{t.name}_loss"] for t in recipe.tasks])
         if len(self.losses) >= 2:
             weights = dwa_weights(self.losses[-1], self.losses[-2], recipe.config.dwa_temperature)
-            run.models["loss_weights"].values.assign(weights)
+            run.models["loss_weights"].variable.assign(weights)

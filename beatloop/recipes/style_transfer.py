@@ -34,6 +34,7 @@ from beatloop.core.callbacks import Callback, Run
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
+from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
 _non_negative = attrs.validators.ge(0)
@@ -96,22 +97,9 @@ def random_vgg(seed: int, channels: tuple[int, ...] = (32, 64, 128)) -> keras.Mo
     return keras.Sequential(layers, name="features")
 
 
-class StyleImage(keras.layers.Layer):
-    """The picture being optimised, as a layer holding one variable of shape
-    ``(1, height, width, 3)``; calling it ignores its input and returns the picture."""
-
-    def __init__(self, initial: np.ndarray, **kwargs):
-        super().__init__(**kwargs)
-        self.pixels = self.add_weight(
-            shape=initial.shape,
-            initializer=keras.initializers.Constant(initial),
-            trainable=True,
-            name="pixels",
-        )
-        self.built = True  # its variable exists already: nothing to build lazily
-
-    def call(self, inputs):
-        return tf.convert_to_tensor(self.pixels)
+def style_image(initial: np.ndarray) -> VariableLayer:
+    """The picture being optimised: a trainable ``(1, height, width, 3)`` variable."""
+    return VariableLayer(initial, trainable=True, variable_name="pixels", name="style_image")
 
 
 class StyleTransfer(Recipe):
@@ -155,7 +143,7 @@ class StyleTransfer(Recipe):
         models = {"features": random_vgg(self.config.feature_seed)}
         height, width = batch_spec["content"].shape[1:3]
         if self.config.mode == "image":
-            models["image"] = StyleImage(self._initial_image(height, width), name="style_image")
+            models["image"] = style_image(self._initial_image(height, width))
         else:
             models["generator"] = self._generator()
         return models
