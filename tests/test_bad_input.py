@@ -123,3 +123,12 @@ def test_label_out_of_range_is_a_data_error(small_digits):
     data = tf.data.Dataset.from_tensor_slices((train["x"], labels)).batch(50)
     with pytest.raises(DataError, match=r"training step failed on its batch: .*label value of 12"):
         beatloop.fit("supervised", data=data)
+
+
+def test_tuple_fields_read_from_the_command_line():
+    from beatloop.core.config import parse_settings, type_name
+    from beatloop.recipes.multitask import MultitaskConfig
+
+    settings = parse_settings(["tasks=digit, ink", "weights=1,0.5"], MultitaskConfig, "multitask")
+    assert settings == {"tasks": ("digit", "ink"), "weights": (1.0, 0.5)}
+    assert type_name(tuple[str, ...]) == "tuple[str, ...]"

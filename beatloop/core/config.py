@@ -75,6 +75,8 @@ def type_name(annotation: Any) -> str:
     """A short readable name of a field's type, for `beatloop show` and messages."""
     if annotation is None or annotation is type(None):
         return "None"
+    if annotation is Ellipsis:
+        return "..."
     args = typing.get_args(annotation)
     if _is_union(annotation):
         return " | ".join(type_name(a) for a in args)
