@@ -43,6 +43,8 @@ _EXPORTS = {
     "ProgressBar": "beatloop.plugins.callbacks",
     "JsonLinesLogger": "beatloop.plugins.callbacks",
     "CsvLogger": "beatloop.plugins.callbacks",
+    "EarlyStopping": "beatloop.plugins.callbacks",
+    "TensorBoard": "beatloop.plugins.tensorboard",
     # errors
     "BeatloopError": "beatloop.core.errors",
     "ConfigError": "beatloop.core.errors",
@@ -99,6 +101,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.recipe import Recipe
     from beatloop.core.result import FitResult
     from beatloop.fitting import fit, make_recipe
-    from beatloop.plugins.callbacks import CsvLogger, History, JsonLinesLogger, ProgressBar
+    from beatloop.plugins.callbacks import (
+        CsvLogger,
+        EarlyStopping,
+        History,
+        JsonLinesLogger,
+        ProgressBar,
+    )
     from beatloop.plugins.hookspecs import hookimpl
     from beatloop.plugins.registry import get_recipe, recipes, register
+    from beatloop.plugins.tensorboard import TensorBoard

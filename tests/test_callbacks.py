@@ -3,6 +3,8 @@
 import io
 import json
 
+import numpy as np
+import pytest
 from conftest import tuple_batches
 
 import beatloop
@@ -56,3 +58,79 @@ def test_log_files_hold_each_epoch_once(small_digits, tmp_path):
     rows = (run_dir / "history.csv").read_text().splitlines()
     assert rows[0] == "epoch,step,loss,accuracy" and len(rows) == 3
     assert rows[2].startswith("2,8,")
+
+
+def test_early_stopping_stops_and_restores_the_best_weights(small_digits):
+    train, _ = small_digits
+    snapshots = {}
+
+    class Snapshot(beatloop.Callback):
+        def on_epoch_end(self, run, epoch, logs):
+            snapshots[epoch] = [w.copy() for w in run.models["model"].get_weights()]
+
+    # The training loss falls every epoch, so with mode "max" epoch 0 stays the best.
+    stopper = beatloop.EarlyStopping(monitor="loss", mode="max", patience=2)
+    result = beatloop.fit(
+        "supervised", data=tuple_batches(train, 20), epochs=10, seed=0,
+        callbacks=[Snapshot(), stopper],
+    )  # fmt: skip
+    assert result.epochs == 3 and len(result.history["loss"]) == 3
+    assert stopper.best_epoch == 0 and stopper.stopped_epoch == 2
+    for best, now in zip(snapshots[0], result.models["model"].get_weights(), strict=True):
+        np.testing.assert_array_equal(best, now)
+    assert not np.array_equal(snapshots[2][0], snapshots[0][0])
+
+
+def test_early_stopping_modes_and_bad_monitor(small_digits):
+    train, _ = small_digits
+    assert beatloop.EarlyStopping("val_accuracy").mode == "max"
+    assert beatloop.EarlyStopping("val_loss").mode == "min"
+    with pytest.raises(beatloop.ConfigError, match="monitors 'val_acc', which this run does not"):
+        beatloop.fit(
+            "supervised", data=tuple_batches(train, 50),
+            callbacks=[beatloop.EarlyStopping("val_acc")],
+        )  # fmt: skip
+
+
+def test_tensorboard_scalars_learning_rates_and_images_read_back(tmp_path):
+    import tensorflow as tf
+
+    from beatloop.data import digits_arrays
+    from beatloop.plugins.tensorboard import read_scalars
+
+    train, _ = digits_arrays(0, signed=True)
+    data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:320]}).batch(32)
+    result = beatloop.fit(
+        "gan", data=data, epochs=2, seed=0, run_dir=tmp_path,
+        callbacks=[beatloop.TensorBoard(update_every=4)],
+    )  # fmt: skip
+    scalars = read_scalars(tmp_path / "tensorboard")
+    for name in ("d_loss", "g_loss", "d_real", "sample_score"):
+        logged = [value for _, value in scalars[f"epoch/{name}"]]
+        assert logged == pytest.approx(result.history[name], rel=1e-6)
+    assert [step for step, _ in scalars["epoch/d_loss"]] == [1, 2]
+    assert scalars["learning_rate/d_optimizer"][0][1] == pytest.approx(1e-3)
+    assert [step for step, _ in scalars["step/g_loss"]] == [4, 8, 12, 16, 20]
+    images = []
+    for path in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            images += [v.tag for v in event.summary.value if v.tag.startswith("images/")]
+    assert images == ["images/samples", "images/samples"]
+
+
+def test_learning_rate_schedules_drive_the_optimizer(small_digits, tmp_path):
+    import keras
+
+    from beatloop.plugins.tensorboard import read_scalars
+
+    train, _ = small_digits
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10, decay_rate=0.5)
+    beatloop.fit(
+        "supervised", data=tuple_batches(train, 20), epochs=2, seed=0, run_dir=tmp_path,
+        optimizers={"optimizer": keras.optimizers.Adam(schedule)},
+        callbacks=[beatloop.TensorBoard()],
+    )  # fmt: skip
+    rates = [
+        value for _, value in read_scalars(tmp_path / "tensorboard")["learning_rate/optimizer"]
+    ]
+    assert rates == pytest.approx([0.01 * 0.5**1, 0.01 * 0.5**2], rel=1e-6)  # 10, 20 steps

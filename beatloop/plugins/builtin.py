@@ -18,6 +18,12 @@ def register_recipes() -> list[type]:
 
 @hookimpl
 def register_callbacks() -> list[type]:
-    from beatloop.plugins.callbacks import CsvLogger, JsonLinesLogger, ProgressBar
+    from beatloop.plugins.callbacks import (
+        CsvLogger,
+        EarlyStopping,
+        JsonLinesLogger,
+        ProgressBar,
+    )
+    from beatloop.plugins.tensorboard import TensorBoard
 
-    return [ProgressBar, JsonLinesLogger, CsvLogger]
+    return [ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard]

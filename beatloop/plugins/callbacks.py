@@ -157,3 +157,66 @@ class CsvLogger(EpochLogFile):
             if new_file:
                 writer.writeheader()
             writer.writerow(row)
+
+
+class EarlyStopping(Callback):
+    """Stops a run when a logged figure has not improved for ``patience`` epochs, and
+    (``restore_best``) puts back every model's weights from the best epoch.
+
+    ``mode``: ``"min"``, ``"max"``, or ``"auto"`` (max for names with accuracy, auc, ks or
+    score in them, min otherwise). An improvement must beat the best by ``min_delta``.
+    """
+
+    callback_name = "early_stopping"
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        mode: str = "auto",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        restore_best: bool = True,
+    ):
+        if mode not in ("min", "max", "auto"):
+            raise ConfigError(f"EarlyStopping mode must be 'min', 'max' or 'auto', got {mode!r}")
+        if patience < 1 or min_delta < 0:
+            raise ConfigError("EarlyStopping needs patience >= 1 and min_delta >= 0")
+        if mode == "auto":
+            higher = ("accuracy", "auc", "ks", "score")
+            mode = "max" if any(word in monitor for word in higher) else "min"
+        self.monitor, self.mode, self.patience = monitor, mode, patience
+        self.min_delta, self.restore_best = min_delta, restore_best
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.stopped_epoch: int | None = None
+        self._waited = 0
+        self._best_weights: dict[str, list] | None = None
+
+    def _improved(self, value: float) -> bool:
+        if self.best is None:
+            return math.isfinite(value)
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        if self.monitor not in logs:
+            raise ConfigError(
+                f"EarlyStopping monitors {self.monitor!r}, which this run does not log; "
+                f"logged: {', '.join(logs)}"
+            )
+        value = logs[self.monitor]
+        if self._improved(value):
+            self.best, self.best_epoch, self._waited = value, epoch, 0
+            if self.restore_best:
+                self._best_weights = {n: m.get_weights() for n, m in run.models.items()}
+            return
+        self._waited += 1
+        if self._waited >= self.patience:
+            self.stopped_epoch = epoch
+            run.stop_training = True
+
+    def on_fit_end(self, run: Run, logs: Mapping[str, float]) -> None:
+        if self.restore_best and self._best_weights is not None:
+            for name, weights in self._best_weights.items():
+                run.models[name].set_weights(weights)
