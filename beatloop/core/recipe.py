@@ -44,7 +44,8 @@ class Recipe(abc.ABC):
     - ``schedule()``: the :class:`Schedule` of one step.
 
     Optional: ``batch_keys`` (key -> minimum rank), ``build_metrics()`` and
-    ``update_metrics()``, ``check_batch_spec()``, ``epoch_figures()``, ``callbacks()``.
+    ``update_metrics()``, ``check_batch_spec()``, ``epoch_figures()``, ``callbacks()``,
+    ``inference_models()``.
     """
 
     name: ClassVar[str] = ""
@@ -99,6 +100,11 @@ class Recipe(abc.ABC):
     def epoch_figures(self, run: Run) -> Mapping[str, float]:
         """Figures computed eagerly at each epoch's end, after validation, and logged
         with the epoch (e.g. a sample-quality score); none by default."""
+        return {}
+
+    def inference_models(self, models: Mapping[str, keras.Layer]) -> dict[str, keras.Model]:
+        """The trained models a user keeps, by name: what ``FitResult.export`` writes.
+        None by default."""
         return {}
 
     def callbacks(self) -> list[Callback]:

@@ -10,6 +10,7 @@ import attrs
 import keras
 
 from beatloop.core.binding import BoundSchedule
+from beatloop.core.errors import BeatloopError
 from beatloop.core.recipe import Recipe
 
 
@@ -40,3 +41,21 @@ class FitResult:
     @property
     def schedule(self):
         return self.bound.schedule
+
+    def export(self, out: str | Path) -> dict[str, Path]:
+        """Write each inference model (the classifier, the generator, ...) as a
+        SavedModel in ``out/NAME`` with a ``serve`` endpoint; return the paths."""
+        models = self.recipe.inference_models(self.bound.models)
+        if not models:
+            raise BeatloopError(
+                f"recipe {self.recipe.name!r} has no inference model to export in this "
+                "configuration (its result is what it saved in the run dir)"
+            )
+        paths = {}
+        for name, model in models.items():
+            path = Path(out) / name
+            if path.exists() and any(path.iterdir()):
+                raise BeatloopError(f"{path} exists and is not empty; export to a new folder")
+            model.export(str(path), format="tf_saved_model", verbose=False)
+            paths[name] = path
+        return paths

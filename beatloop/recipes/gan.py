@@ -250,6 +250,9 @@ class Gan(Recipe):
     def callbacks(self) -> list[Callback]:
         return [SampleGrid()]
 
+    def inference_models(self, models):
+        return {"generator": models["generator"]}
+
 
 class SampleGrid(Callback):
     """Saves a PNG grid of samples from the fixed latent batch after every epoch, as

@@ -274,6 +274,14 @@ class Multitask(Recipe):
     def callbacks(self) -> list[Callback]:
         return [DynamicWeightAverage()] if self.config.weighting == "dwa" else []
 
+    def inference_models(self, models):
+        """One model: the backbone feeding every head, outputs by task name."""
+        backbone = models["backbone"]
+        inputs = keras.Input(tuple(backbone.input_shape[1:]))
+        features = backbone(inputs)
+        outputs = {t.name: models[f"head_{t.name}"](features) for t in self.tasks}
+        return {"multitask": keras.Model(inputs, outputs, name="multitask")}
+
 
 def dwa_weights(previous: list[float], before: list[float], temperature: float) -> list[float]:
     """Liu et al.'s DWA: ``N * softmax(r / T)`` with ``r_i = L_i(t-1) / L_i(t-2)``."""

@@ -141,3 +141,6 @@ class RiskWeighted(Recipe):
         else:
             one_hot = tf.one_hot(tf.cast(labels, tf.int32), self.config.classes)
             metrics["auc"].update_state(one_hot, tf.nn.softmax(logits))
+
+    def inference_models(self, models):
+        return {"model": models["model"]}

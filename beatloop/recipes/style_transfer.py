@@ -272,6 +272,10 @@ class StyleTransfer(Recipe):
     def callbacks(self) -> list[Callback]:
         return [SaveStylised()]
 
+    def inference_models(self, models):
+        """The trained generator; image mode's result is the picture (the PNG)."""
+        return {"generator": models["generator"]} if "generator" in models else {}
+
 
 class SaveStylised(Callback):
     """Saves the stylised image as PNG each epoch (``stylised/epoch_NNN.png``) and as

@@ -99,3 +99,6 @@ class Supervised(Recipe):
         metrics["accuracy"].update_state(
             batch["y"], outputs["loss"]["logits"], sample_weight=batch.get("sample_weight")
         )
+
+    def inference_models(self, models):
+        return {"model": models["model"]}

@@ -1,0 +1,55 @@
+"""Exporting a run's inference models as SavedModels that reload and give the same
+outputs."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import tuple_batches
+
+import beatloop
+
+
+def test_supervised_classifier_exports_and_reloads(small_digits, tmp_path):
+    train, validation = small_digits
+    result = beatloop.fit("supervised", data=tuple_batches(train, 50), epochs=1, seed=0)
+    paths = result.export(tmp_path / "export")
+    assert set(paths) == {"model"}
+    loaded = tf.saved_model.load(str(paths["model"]))  # keep it: it owns the variables
+    served = loaded.serve(validation["x"])
+    expected = result.models["model"](validation["x"], training=False)
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(beatloop.BeatloopError, match="not empty"):
+        result.export(tmp_path / "export")
+
+
+def test_gan_exports_its_generator(tmp_path):
+    from beatloop.data import digits_arrays
+
+    train, _ = digits_arrays(0, signed=True)
+    data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:64]}).batch(32)
+    result = beatloop.fit("gan", data=data, epochs=1, seed=0)
+    paths = result.export(tmp_path)
+    noise = np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32)
+    loaded = tf.saved_model.load(str(paths["generator"]))
+    served = loaded.serve(noise)
+    expected = result.models["generator"](noise, training=False)
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_multitask_exports_one_model_with_every_head(small_digits, tmp_path):
+    train, validation = small_digits
+    data = tf.data.Dataset.from_tensor_slices(train).batch(50)
+    result = beatloop.fit("multitask", data=data, epochs=1, seed=0)
+    loaded = tf.saved_model.load(str(result.export(tmp_path)["multitask"]))
+    served = loaded.serve(validation["x"])
+    models = result.models
+    features = models["backbone"](validation["x"])
+    digit, ink = models["head_digit"](features), models["head_ink"](features)
+    np.testing.assert_allclose(served["digit"], digit, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(served["ink"], ink, rtol=1e-5, atol=1e-6)
+
+
+def test_image_mode_style_transfer_has_nothing_to_export(tmp_path):
+    result = beatloop.fit("style_transfer", config={"image_size": 16, "steps_per_epoch": 2})
+    with pytest.raises(beatloop.BeatloopError, match="no inference model to export"):
+        result.export(tmp_path)
