@@ -240,8 +240,8 @@ class TwoHeads(Recipe):
         def fit_target(name):
             def loss(models, batch):
                 self.modes.append((name, models.is_training("a"), models.is_training("b")))
-                target = tf.cast(batch["y"], tf.float32)[:, None] / 10.0
-                return tf.reduce_mean(tf.square(models[name](batch["x"]) - target))
+                target = tf.cast(batch["y"], tf.float32)[:, None]
+                return tf.reduce_mean(tf.square(models[name](batch["x"]) * 10.0 - target))
 
             return loss
 
@@ -303,25 +303,3 @@ def test_training_mode_defaults_to_updated_models_and_can_be_declared(small_digi
     assert ("a", True, False) in recipe.modes and ("b", True, True) in recipe.modes
     assert ("a", False, False) in recipe.modes and ("b", False, False) in recipe.modes  # validation
     assert len(set(recipe.modes)) == 4
-
-
-@pytest.mark.parametrize("k", [1, 4])
-def test_nan_guard_stops_compiled_runs_before_applying_a_bad_update(small_digits, k):
-    train, _ = small_digits
-    poisoned = {"x": train["x"].copy(), "y": train["y"]}
-    poisoned["x"][105, 7] = np.nan  # in the third batch of 50
-    engine = engine_for(
-        tuple_batches(poisoned, 50),
-        model=classifier(seed=3),
-        options=EngineOptions(steps_per_execution=k),
-    )
-    # relu turns the NaN input off, so the loss stays finite and the gradient norm does not.
-    message = r"beat 'loss' produced a non-finite gradient norm nan at step 2; that step's"
-    with pytest.raises(beatloop.NumericsError, match=message):
-        engine.fit(2)
-    clean = engine_for(tuple_batches(train, 50).take(2), model=classifier(seed=3))
-    clean.fit(1)  # the two good batches only
-    for a, b in zip(
-        weights(engine.bound.models["model"]), weights(clean.bound.models["model"]), strict=True
-    ):
-        np.testing.assert_array_equal(a, b)

@@ -21,12 +21,7 @@ from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_
 from beatloop.core.forward import forward
 from beatloop.core.recipe import Recipe
 from beatloop.core.state import EngineState, StepMetrics
-from beatloop.core.step import (
-    CompiledLoop,
-    make_train_step,
-    make_validation_step,
-    raise_fault,
-)
+from beatloop.core.step import CompiledLoop, make_train_step, make_validation_step
 
 
 @attrs.frozen
@@ -81,11 +76,16 @@ class Engine:
         self.validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
         compiled = not options.debug
         self.train_loop = CompiledLoop(
-            make_train_step(self.bound, self.state, self.train_metrics, recipe.update_metrics),
+            make_train_step(
+                self.bound,
+                self.state,
+                self.train_metrics,
+                recipe.update_metrics,
+                check_numerics=options.debug,
+            ),
             options.steps_per_execution,
             spec,
             compiled=compiled,
-            keep_going=self.state.healthy,
         )
         self.validation_loop = None
         if data.validation is not None:
@@ -142,7 +142,6 @@ class Engine:
                 limit = min(limit, target - steps)
             self.callbacks.fire("execution_start", run)
             ran = _run_compiled(self.train_loop, self._iterator, limit, "training")
-            raise_fault(self.bound, self.state)
             steps += ran
             self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.named()))
             if ran < limit:  # the data ran out; start afresh next epoch

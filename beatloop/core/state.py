@@ -21,15 +21,6 @@ class EngineState(tf.Module):
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples")
-        # The first non-finite loss or gradient norm of the run, recorded inside the
-        # compiled step: 2 * beat index + (0 for the loss, 1 for the gradient norm).
-        self.fault = tf.Variable(-1, dtype=tf.int32, trainable=False, name="fault")
-        self.fault_value = tf.Variable(0.0, dtype=tf.float32, trainable=False)
-        self.fault_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
-
-    def healthy(self) -> tf.Tensor:
-        """True while no step has met a non-finite loss or gradient norm."""
-        return self.fault < 0
 
 
 class StepMetrics:

@@ -8,6 +8,7 @@ exception crossing the compiled boundary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import tensorflow as tf
@@ -25,15 +26,12 @@ def make_train_step(
     state: EngineState,
     metrics: StepMetrics,
     update_metrics: Callable,
+    *,
+    check_numerics: bool = False,
 ) -> Callable[[Batch], None]:
-    """Return ``train_step(batch)``: every beat in order, then metrics and counters.
-
-    Each update is guarded: a beat whose loss or gradient global norm is not finite
-    applies nothing, the fault is recorded in ``state``, and no later update of the run
-    is applied; the loop stops and the engine raises it between compiled calls."""
+    """Return ``train_step(batch)``: every beat in order, then metrics and counters."""
 
     def run_beat(beat: BoundBeat, batch: Batch, size: tf.Tensor) -> dict[str, tf.Tensor]:
-        index = bound.beats.index(beat)
         variables = list(beat.variables)
         outputs: dict[str, tf.Tensor] = {}
         for _ in range(beat.beat.repeat):
@@ -44,26 +42,13 @@ def make_train_step(
             _refuse_missing_gradients(beat, variables, grads)
             if beat.beat.transform is not None:
                 grads = beat.beat.transform(grads)
-
-            def update(loss=loss, grads=grads):
-                beat.optimizer.apply(grads, variables)
-                if beat.beat.constraint is not None:
-                    for variable in variables:
-                        variable.assign(beat.beat.constraint(variable))
-                metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
-                return tf.constant(True)
-
-            # The NaN guard: one reduction; nothing is applied once anything is non-finite.
-            norm = tf.linalg.global_norm(grads)
-            finite_loss = tf.math.is_finite(loss)
-            healthy = tf.logical_and(finite_loss, tf.math.is_finite(norm))
-            tf.cond(
-                tf.logical_and(healthy, state.healthy()),
-                update,
-                lambda loss=loss, norm=norm, finite_loss=finite_loss: _record_fault(
-                    state, index, finite_loss, loss, norm
-                ),
-            )
+            if check_numerics:
+                _check_finite(beat, loss, grads, state)
+            beat.optimizer.apply(grads, variables)
+            if beat.beat.constraint is not None:
+                for variable in variables:
+                    variable.assign(beat.beat.constraint(variable))
+            metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
         return outputs
 
     def train_step(batch: Batch) -> None:
@@ -117,10 +102,8 @@ class CompiledLoop:
         element_spec: Mapping[str, tf.TensorSpec],
         *,
         compiled: bool = True,
-        keep_going: Callable[[], tf.Tensor] | None = None,
     ):
         self.step_fn = step_fn
-        self.keep_going = keep_going
         self.steps_per_execution = steps_per_execution
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
@@ -140,8 +123,7 @@ class CompiledLoop:
         self.trace_count += 1
 
         def more(count, next_batch):
-            going = tf.logical_and(count < limit, next_batch.has_value())
-            return going if self.keep_going is None else tf.logical_and(going, self.keep_going())
+            return tf.logical_and(count < limit, next_batch.has_value())
 
         def body(count, next_batch):
             self.step_fn(next_batch.get_value())
@@ -175,26 +157,17 @@ def _refuse_missing_gradients(beat: BoundBeat, variables, grads) -> None:
         )
 
 
-def _record_fault(state: EngineState, index: int, finite_loss, loss, norm) -> tf.Tensor:
-    """Keep the first fault of the run: which beat, loss or gradient norm, value, step."""
-
-    def record():
-        state.fault.assign(2 * index + tf.cast(finite_loss, tf.int32))
-        state.fault_value.assign(tf.where(finite_loss, norm, loss))
-        state.fault_step.assign(state.step)
-        return tf.constant(False)
-
-    return tf.cond(state.healthy(), record, lambda: tf.constant(False))
-
-
-def raise_fault(bound: BoundSchedule, state: EngineState) -> None:
-    """Raise the recorded fault, if any, as a NumericsError naming beat, step and value."""
-    fault = int(state.fault)
-    if fault < 0:
-        return
-    beat = bound.beats[fault // 2].beat.name
-    what = "gradient norm" if fault % 2 else "loss"
-    raise NumericsError(
-        f"beat {beat!r} produced a non-finite {what} {float(state.fault_value)} at step "
-        f"{int(state.fault_step)}; that step's updates were not applied"
-    )
+def _check_finite(beat: BoundBeat, loss, grads, state: EngineState) -> None:
+    """Eager-only check (debug mode): stop at the first non-finite loss or gradient norm."""
+    step = int(state.step)
+    value = float(loss)
+    if not math.isfinite(value):
+        raise NumericsError(
+            f"beat {beat.beat.name!r} produced a non-finite loss {value} at step {step}"
+        )
+    norm = float(tf.linalg.global_norm(grads))
+    if not math.isfinite(norm):
+        raise NumericsError(
+            f"beat {beat.beat.name!r} produced a non-finite gradient norm {norm} at step {step} "
+            f"(loss {value})"
+        )
