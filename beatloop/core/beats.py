@@ -217,11 +217,6 @@ class Schedule:
         """Distinct loss names in beat order."""
         return tuple(dict.fromkeys(b.loss for b in self.beats))
 
-    @property
-    def optimizer_names(self) -> tuple[str, ...]:
-        """Distinct optimizer names in beat order."""
-        return tuple(dict.fromkeys(b.optimizer for b in self.beats))
-
     def describe(self) -> str:
         """Multi-line text: one line per beat, then frozen and shared selectors."""
         lines = [f"{i}. {beat.describe()}" for i, beat in enumerate(self.beats, 1)]

@@ -145,9 +145,6 @@ class CallbackList:
         for listener in self._listeners[event]:
             listener(*args)
 
-    def listens(self, event: str) -> bool:
-        return bool(self._listeners[event])
-
 
 class LazyLogs(Mapping[str, float]):
     """Logs read from their metrics only when, and only as far as, a callback looks: a
