@@ -79,7 +79,8 @@ def constant_discriminator(logit):
     model.layers[0].kernel.assign(np.zeros((64, 1), np.float32))
     model.layers[0].bias.assign([logit])
     generator = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64)])
-    return ModelCalls({"generator": generator, "discriminator": model}, frozenset())
+    models = {"generator": generator, "discriminator": model}
+    return ModelCalls(models, frozenset(), tf.random.Generator.from_seed(0))
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

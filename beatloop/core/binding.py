@@ -31,8 +31,16 @@ class BoundBeat:
     updated_models: tuple[str, ...]
     training: frozenset[str]
 
-    def forward(self, models: Mapping[str, keras.Layer], batch, *, training: bool = True):
-        """This beat's loss and outputs; ``training=False`` runs every model in inference."""
+    def forward(
+        self,
+        models: Mapping[str, keras.Layer],
+        batch,
+        *,
+        training: bool = True,
+        random: tf.random.Generator | None = None,
+    ):
+        """This beat's loss and outputs; ``training=False`` runs every model in inference;
+        ``random`` is the generator the loss draws noise from."""
         return forward(
             self.loss_fn,
             self.beat.name,
@@ -40,6 +48,7 @@ class BoundBeat:
             self.training if training else frozenset(),
             tuple(models[name] for name in self.updated_models),
             batch,
+            random,
         )
 
 
@@ -51,6 +60,7 @@ class BoundSchedule:
     beats: tuple[BoundBeat, ...]
     models: Mapping[str, keras.Layer]
     optimizers: Mapping[str, keras.optimizers.Optimizer]
+    random: tf.random.Generator = attrs.field(factory=lambda: tf.random.Generator.from_seed(0))
 
     def describe_variables(self) -> str:
         """Each beat followed by the paths and shapes of the variables it updates."""
@@ -104,12 +114,16 @@ def bind(
     losses: Mapping[str, Callable],
     batch_spec: Mapping[str, tf.TensorSpec] | None = None,
     context: str = "the schedule",
+    random: tf.random.Generator | None = None,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
     With ``batch_spec`` given, every beat's loss is traced once on a batch of that spec
-    to find claimed variables its loss gives no gradient to.
+    to find claimed variables its loss gives no gradient to. ``random`` is the generator
+    losses draw noise from (a fresh one seeded with 0 if omitted).
     """
+    if random is None:
+        random = tf.random.Generator.from_seed(0)
     problems: list[str] = []
     owner = variable_owner(models)
     claimed: dict[int, list[str]] = {}
@@ -166,10 +180,10 @@ def bind(
         ]
         problems.extend(_build_optimizers(bound_beats))
         if batch_spec is not None and not problems:
-            problems.extend(_gradient_problems(bound_beats, models, batch_spec))
+            problems.extend(_gradient_problems(bound_beats, models, batch_spec, random))
     if problems:
         raise ScheduleError(problems, context)
-    return BoundSchedule(schedule, tuple(bound_beats), dict(models), dict(optimizers))
+    return BoundSchedule(schedule, tuple(bound_beats), dict(models), dict(optimizers), random)
 
 
 def _unique(variables) -> list[keras.Variable]:
@@ -211,14 +225,14 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     return problems
 
 
-def _gradient_problems(bound_beats, models, batch_spec) -> list[str]:
+def _gradient_problems(bound_beats, models, batch_spec, random) -> list[str]:
     """Trace each beat's loss and gradients (nothing runs) and report None gradients."""
     problems: list[str] = []
 
     def probe(batch):
         for bound in bound_beats:
             with tf.GradientTape() as tape:
-                loss, _ = bound.forward(models, batch)
+                loss, _ = bound.forward(models, batch, random=random)
             grads = tape.gradient(loss, list(bound.variables))
             for variable, grad in zip(bound.variables, grads, strict=True):
                 if grad is None:

@@ -50,6 +50,10 @@ class Run:
     seed: int
     stop_training: bool = False
     artifacts: dict[str, Path] = attrs.field(factory=dict)
+    #: The checkpoint this run resumed from, if it did.
+    resumed_from: str | None = None
+    #: Paths of the checkpoints written so far by this process, oldest first.
+    checkpoints: list[str] = attrs.field(factory=list)
 
     @property
     def models(self):
@@ -121,6 +125,14 @@ class Callback:
     def on_exception(self, run: Run, error: BaseException) -> None:
         """When the run stops with an exception (it is re-raised afterwards)."""
 
+    def checkpoint_state(self) -> dict | None:
+        """JSON-able state this callback needs to resume with, saved in every checkpoint
+        (``None``: nothing to save). Override with :meth:`restore_state`."""
+        return None
+
+    def restore_state(self, state: dict) -> None:
+        """Take back what :meth:`checkpoint_state` returned, when a run resumes."""
+
 
 class CallbackList:
     """Fires an event on every callback that overrides it, in order."""
@@ -144,6 +156,26 @@ class CallbackList:
     def fire(self, event: str, *args) -> None:
         for listener in self._listeners[event]:
             listener(*args)
+
+    def _keyed(self) -> dict[str, Callback]:
+        """Each callback under its class path and its rank among callbacks of its class."""
+        keyed: dict[str, Callback] = {}
+        for callback in self.callbacks:
+            name = f"{type(callback).__module__}.{type(callback).__qualname__}"
+            rank = sum(key.rsplit("#", 1)[0] == name for key in keyed)
+            keyed[f"{name}#{rank}"] = callback
+        return keyed
+
+    def checkpoint_state(self) -> dict[str, dict]:
+        """Every callback's state that is not ``None``, keyed by class and rank."""
+        states = {key: c.checkpoint_state() for key, c in self._keyed().items()}
+        return {key: state for key, state in states.items() if state is not None}
+
+    def restore_state(self, states: Mapping[str, dict]) -> None:
+        """Hand each callback its saved state; callbacks new to this run start afresh."""
+        for key, callback in self._keyed().items():
+            if key in states:
+                callback.restore_state(states[key])
 
 
 class LazyLogs(Mapping[str, float]):

@@ -6,7 +6,12 @@ around one compiled inner loop (:class:`~beatloop.core.step.CompiledLoop`) of K 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import signal
+import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,34 +22,60 @@ import tensorflow as tf
 from beatloop.core.batches import DataSplit, check_batch_spec
 from beatloop.core.binding import BoundSchedule, bind
 from beatloop.core.callbacks import Callback, CallbackList, LazyLogs, Run
-from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_mean
+from beatloop.core.checkpoints import RunCheckpoints
+from beatloop.core.errors import (
+    BeatloopError,
+    ConfigError,
+    DataError,
+    NumericsError,
+    RunInterrupted,
+    did_you_mean,
+)
 from beatloop.core.forward import forward
 from beatloop.core.recipe import Recipe
 from beatloop.core.state import EngineState, StepMetrics
-from beatloop.core.step import CompiledLoop, make_train_step, make_validation_step
+from beatloop.core.step import (
+    CompiledLoop,
+    LoopResult,
+    describe_fault,
+    make_train_step,
+    make_validation_step,
+)
+
+ON_NAN = ("raise", "rollback")
+_int = attrs.validators.instance_of(int)
 
 
 @attrs.frozen
 class EngineOptions:
-    """How the engine runs steps, independent of what the recipe computes."""
+    """How the engine runs steps, independent of what the recipe computes.
 
-    steps_per_execution: int = attrs.field(
-        default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)]
-    )
+    ``checkpoint_every``: also checkpoint mid-epoch, at the first call boundary at or
+    after every N steps (a run with a run dir always checkpoints at each epoch's end).
+    ``max_to_keep``: checkpoints kept on disk. ``on_nan``: what a non-finite loss or
+    gradient norm does: ``"raise"`` stops the run, ``"rollback"`` restores the last
+    checkpoint and goes on after the offending batch, at most ``max_rollbacks`` times.
+    """
+
+    steps_per_execution: int = attrs.field(default=1, validator=[_int, attrs.validators.ge(1)])
     debug: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     steps_per_epoch: int | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(
-            [attrs.validators.instance_of(int), attrs.validators.ge(1)]
-        ),
+        default=None, validator=attrs.validators.optional([_int, attrs.validators.ge(1)])
     )
+    checkpoint_every: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([_int, attrs.validators.ge(1)])
+    )
+    max_to_keep: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(1)])
+    on_nan: str = attrs.field(default="raise", validator=attrs.validators.in_(ON_NAN))
+    max_rollbacks: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(0)])
 
 
 class Engine:
     """Runs one recipe on one data split: ``Engine(recipe, data).fit(epochs)``.
 
     ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
-    ``beatloop show`` prints).
+    ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
+    ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there.
     """
 
     def __init__(
@@ -64,13 +95,17 @@ class Engine:
         self.label = label or f"recipe {recipe.name!r}"
         self.data = data
         self.options = options
+        self.seed = seed
         self.state = EngineState()
+        self.random = tf.random.Generator.from_seed(seed)
         spec = data.train.element_spec
         _check_data(recipe, data, self.label)
         built_models = _replace(recipe.build_models(spec), models, "model", self.label)
-        _build_unbuilt(recipe, built_models, spec, self.label)
+        _build_unbuilt(recipe, built_models, spec, self.random, self.label)
         built_optimizers = _replace(recipe.build_optimizers(), optimizers, "optimizer", self.label)
-        self.bound: BoundSchedule = _bind(recipe, built_models, built_optimizers, spec, self.label)
+        self.bound: BoundSchedule = _bind(
+            recipe, built_models, built_optimizers, spec, self.random, self.label
+        )
         beat_names = [b.beat.name for b in self.bound.beats]
         self.train_metrics = StepMetrics(beat_names, recipe.build_metrics())
         self.validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
@@ -85,6 +120,7 @@ class Engine:
             ),
             options.steps_per_execution,
             spec,
+            counters=(self.state.stream_batches, self.state.epoch_batches),
             compiled=compiled,
         )
         self.validation_loop = None
@@ -97,7 +133,23 @@ class Engine:
             )
         steps_per_epoch = _steps_per_epoch(data, options)
         self.callbacks = CallbackList(callbacks)
+        self.checkpoints = None
+        if run_dir is not None:
+            self.checkpoints = RunCheckpoints(
+                Path(run_dir) / "checkpoints",
+                models=self.bound.models,
+                optimizers=self.bound.optimizers,
+                state=self.state,
+                random=self.random,
+                metric_variables=self.train_metrics.variables(),
+                max_to_keep=options.max_to_keep,
+            )
+        elif options.on_nan == "rollback":
+            raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
         self._iterator = None
+        self._rollbacks = 0
+        self._saved_step = -1
+        self._interrupt = InterruptFlag()
         self.run = Run(
             recipe=recipe,
             bound=self.bound,
@@ -109,19 +161,27 @@ class Engine:
             seed=seed,
         )
 
+    def record(self) -> dict:
+        """What a checkpoint of this run must match to be resumed from: recipe, config,
+        schedule, every model's variables and the data's batch spec."""
+        return run_record(self.recipe, self.bound, self.data)
+
     def fit(self, epochs: int) -> dict[str, float]:
-        """Run epochs until ``epochs`` have completed; return the last epoch's logs."""
+        """Run epochs until ``epochs`` have completed (counting those of a resumed run);
+        return the last epoch's logs."""
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
         run = self.run
         run.epochs = epochs
+        self._resume()
         logs: dict[str, float] = {}
         self.callbacks.fire("fit_start", run)
         try:
-            for epoch in range(int(self.state.epoch), epochs):
-                logs = self._run_epoch(run, epoch)
-                if run.stop_training:
-                    break
+            with self._interrupt.catching(enabled=self.checkpoints is not None):
+                if self.checkpoints is not None and run.resumed_from is None:
+                    self._save()  # a step-0 checkpoint: something to roll back to
+                while int(self.state.epoch) < epochs and not run.stop_training:
+                    logs = self._run_epoch(run, int(self.state.epoch))
         except BaseException as error:
             self.callbacks.fire("exception", run, error)
             raise
@@ -129,34 +189,47 @@ class Engine:
         return logs
 
     def _run_epoch(self, run: Run, epoch: int) -> dict[str, float]:
-        self.train_metrics.reset()
+        state = self.state
+        if int(state.epoch_batches) == 0:  # a fresh epoch, not one resumed mid-way
+            self.train_metrics.reset()
+        if self._iterator is None:
+            self._open_stream()
         self.callbacks.fire("epoch_start", run, epoch)
-        # With steps_per_epoch set, one iterator spans epochs (as with Keras); otherwise
-        # each epoch is one pass over the data.
-        if self._iterator is None or self.options.steps_per_epoch is None:
-            self._iterator = iter(self.data.train)
-        target, steps = run.steps_per_epoch, 0
-        while True:
+        target, done = run.steps_per_epoch, int(state.epoch_batches)
+        while target is None or done < target:
+            self._stop_if_interrupted()
             limit = self.options.steps_per_execution
             if target is not None:
-                limit = min(limit, target - steps)
+                limit = min(limit, target - done)
             self.callbacks.fire("execution_start", run)
-            ran = _run_compiled(self.train_loop, self._iterator, limit, "training")
-            steps += ran
-            self.callbacks.fire("execution_end", run, ran, LazyLogs(self.train_metrics.named()))
-            if ran < limit:  # the data ran out; start afresh next epoch
-                self._iterator = None
+            result = _run_compiled(self.train_loop, self._iterator, limit, "training")
+            if result.fault:
+                self._on_fault(result)
+                done = int(state.epoch_batches)
+                continue
+            done += result.ran
+            self.callbacks.fire(
+                "execution_end", run, result.ran, LazyLogs(self.train_metrics.named())
+            )
+            if result.ran < limit:  # the data ran out: the next epoch opens a new stream
+                self._close_stream()
                 break
-            if steps == target:
-                break
-        if steps == 0:
+            if target is None or done < target:
+                self._save_if_due()
+        if done == 0:
             raise DataError(f"the training data set gave no batches in epoch {epoch}")
         logs = self.train_metrics.results()
         if self.validation_loop is not None:
             logs.update(self.validate(run))
         logs.update(self.recipe.epoch_figures(run))
-        self.state.epoch.assign(epoch + 1)
+        if self.options.steps_per_epoch is None:
+            self._close_stream()  # each epoch is one pass over the data
+        state.epoch.assign(epoch + 1)
+        state.epoch_batches.assign(0)
         self.callbacks.fire("epoch_end", run, epoch, logs)
+        if self.checkpoints is not None:
+            self._save()
+        self._stop_if_interrupted()
         return logs
 
     def validate(self, run: Run) -> dict[str, float]:
@@ -166,11 +239,180 @@ class Engine:
         self.callbacks.fire("validation_start", run)
         iterator = iter(self.data.validation)
         limit = self.options.steps_per_execution
-        while _run_compiled(self.validation_loop, iterator, limit, "validation") == limit:
+        while _run_compiled(self.validation_loop, iterator, limit, "validation").ran == limit:
             pass
         logs = self.validation_metrics.results()
         self.callbacks.fire("validation_end", run, logs)
         return logs
+
+    # --- the data stream -----------------------------------------------------------------
+
+    def _open_stream(self) -> None:
+        self._iterator = iter(self.data.train)
+        self.state.streams.assign_add(1)
+        self.state.stream_batches.assign(0)
+
+    def _close_stream(self) -> None:
+        self._iterator = None
+        self.state.stream_batches.assign(-1)
+
+    def _reposition(self) -> None:
+        """Rebuild the training iterator at the restored position: open (and drop) as
+        many iterators as the interrupted run had opened, so a shuffle that reshuffles
+        each pass is at the same pass, then skip the batches already taken."""
+        streams, taken = int(self.state.streams), int(self.state.stream_batches)
+        open_stream = taken >= 0 and streams > 0
+        for _ in range(streams - 1 if open_stream else streams):
+            iter(self.data.train)
+        self._iterator = None
+        if open_stream:
+            self._iterator = iter(self.data.train)
+            skipped = int(_skip(self._iterator, tf.constant(taken, tf.int64)))
+            if skipped != taken:
+                raise DataError(
+                    f"cannot resume: the checkpoint is {taken} batches into the training "
+                    f"data, but the data set now gives only {skipped}"
+                )
+
+    # --- checkpoints, resume, faults, interrupts -------------------------------------------
+
+    def _resume(self) -> None:
+        """Continue from the latest readable checkpoint in the run dir, if there is one."""
+        if self.checkpoints is None or self.run.resumed_from is not None:
+            return
+        restored = self.checkpoints.restore_latest(self.record())
+        if restored is None:
+            return
+        path, host = restored
+        self.callbacks.restore_state(host.get("callbacks", {}))
+        self._reposition()
+        self._saved_step = int(self.state.step)
+        self.run.resumed_from = path
+
+    def _host_state(self) -> dict:
+        return {"position": self.state.position(), "callbacks": self.callbacks.checkpoint_state()}
+
+    def _save(self) -> None:
+        step = int(self.state.step)
+        path = self.checkpoints.save(self._host_state(), self.record())
+        self._saved_step = step
+        self.run.checkpoints.append(path)
+
+    def _save_if_due(self) -> None:
+        every = self.options.checkpoint_every
+        if self.checkpoints is None or every is None:
+            return
+        step = int(self.state.step)
+        if step // every > self._saved_step // every:
+            self._save()
+
+    def _on_fault(self, result: LoopResult) -> None:
+        """A step reported a non-finite loss or gradient norm: stop, or roll back."""
+        state = self.state
+        where = f"at step {int(state.step)} (epoch {int(state.epoch) + 1})"
+        problem = f"{describe_fault(self.bound, result.fault, result.value)} {where}"
+        can_roll_back = self.options.on_nan == "rollback" and self.checkpoints is not None
+        if can_roll_back and self._rollbacks < self.options.max_rollbacks:
+            self._rollbacks += 1
+            self._roll_back(problem)
+            return
+        latest = self.checkpoints.latest if self.checkpoints is not None else None
+        advice = (
+            f"; the last good checkpoint is {latest}"
+            if latest
+            else "; run with debug=True to stop before the bad update is applied"
+        )
+        if self.options.on_nan == "rollback":
+            advice += f" (already rolled back {self._rollbacks} time(s), the most allowed)"
+        raise NumericsError(problem + advice)
+
+    def _roll_back(self, problem: str) -> None:
+        """Restore the last checkpoint but keep the data where it is: training goes on
+        with the batch after the offending one (the batches since the checkpoint are
+        skipped with it)."""
+        position = self.state.position()
+        path, host = self.checkpoints.restore_latest(self.record())
+        self.callbacks.restore_state(host.get("callbacks", {}))
+        if int(self.state.epoch_batches) == 0:
+            self.train_metrics.reset()
+        skipped = position["epoch_batches"] - int(self.state.epoch_batches)
+        for name in ("streams", "stream_batches", "epoch_batches"):
+            getattr(self.state, name).assign(position[name])
+        warnings.warn(
+            f"{problem}; restored {path} (step {int(self.state.step)}) and skipped {skipped} "
+            f"batch(es) ending with the offending one (rollback {self._rollbacks} of at "
+            f"most {self.options.max_rollbacks})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _stop_if_interrupted(self) -> None:
+        """After Ctrl-C: save a checkpoint at this call boundary and stop the run."""
+        if not self._interrupt.requested:
+            return
+        path = None
+        if self.checkpoints is not None:
+            if int(self.state.step) != self._saved_step or not self.run.checkpoints:
+                self._save()
+            path = self.checkpoints.latest
+        raise RunInterrupted(
+            f"interrupted at step {int(self.state.step)} (epoch {int(self.state.epoch) + 1}); "
+            f"checkpoint saved: {path}",
+            path,
+        )
+
+
+class InterruptFlag:
+    """Turns Ctrl-C (SIGINT) into a request the engine acts on between compiled calls,
+    so the state it checkpoints is whole; a second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+
+    @contextlib.contextmanager
+    def catching(self, enabled: bool = True):
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def request(signum, frame):
+            if self.requested:
+                signal.signal(signal.SIGINT, previous)
+                raise KeyboardInterrupt
+            self.requested = True
+
+        self.requested = False
+        signal.signal(signal.SIGINT, request)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+@tf.function(reduce_retracing=True)
+def _skip(iterator, count: tf.Tensor) -> tf.Tensor:
+    """Take ``count`` batches from ``iterator`` and drop them; return how many there were."""
+    taken = tf.constant(0, tf.int64)
+    for _ in tf.range(count):
+        if not iterator.get_next_as_optional().has_value():
+            break
+        taken += 1
+    return taken
+
+
+def run_record(recipe: Recipe, bound: BoundSchedule, data: DataSplit) -> dict:
+    """The parts of a run a checkpoint must agree with to be resumed from."""
+    return {
+        "recipe": recipe.name,
+        "config": json.loads(json.dumps(attrs.asdict(recipe.config), default=str)),
+        "schedule": bound.schedule.describe(),
+        "variables": {
+            name: {v.path: list(v.shape) for v in model.variables}
+            for name, model in bound.models.items()
+        },
+        "data": {key: str(spec) for key, spec in data.train.element_spec.items()},
+    }
 
 
 def _check_data(recipe: Recipe, data: DataSplit, label: str) -> None:
@@ -196,7 +438,7 @@ def _check_data(recipe: Recipe, data: DataSplit, label: str) -> None:
         raise DataError("; ".join(problems))
 
 
-def _run_compiled(loop: CompiledLoop, iterator, limit: int, role: str) -> int:
+def _run_compiled(loop: CompiledLoop, iterator, limit: int, role: str) -> LoopResult:
     """Run a compiled loop; a TensorFlow error raised by the data in a step (a label out
     of range, a bad cast) becomes one readable DataError."""
     try:
@@ -250,7 +492,9 @@ def _replace(built: Mapping, replacements: Mapping | None, kind: str, label: str
     return parts
 
 
-def _build_unbuilt(recipe: Recipe, models: Mapping[str, keras.Layer], spec, label: str) -> None:
+def _build_unbuilt(
+    recipe: Recipe, models: Mapping[str, keras.Layer], spec, random, label: str
+) -> None:
     """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
     by running every loss once in inference mode on a zero batch of the data's spec."""
     if all(model.built for model in models.values()):
@@ -261,14 +505,14 @@ def _build_unbuilt(recipe: Recipe, models: Mapping[str, keras.Layer], spec, labe
     }
     for name, loss_fn in recipe.losses().items():
         try:
-            forward(loss_fn, name, models, frozenset(), (), batch)
+            forward(loss_fn, name, models, frozenset(), (), batch, random)
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly
             raise DataError(_failure(label, name, spec, error)) from None
 
 
-def _bind(recipe, models, optimizers, spec, label: str) -> BoundSchedule:
+def _bind(recipe, models, optimizers, spec, random, label: str) -> BoundSchedule:
     try:
         return bind(
             recipe.schedule(),
@@ -277,6 +521,7 @@ def _bind(recipe, models, optimizers, spec, label: str) -> BoundSchedule:
             recipe.losses(),
             spec,
             context=f"{label}'s schedule",
+            random=random,
         )
     except BeatloopError:
         raise

@@ -68,3 +68,16 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
 
 class NumericsError(BeatloopError, FloatingPointError):
     """A non-finite loss or gradient norm, named by beat and step."""
+
+
+class CheckpointError(BeatloopError, OSError):
+    """A checkpoint that cannot be written or read, or a run dir whose checkpoints belong
+    to a different recipe, config or seed."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a run after it saved a checkpoint to resume from."""
+
+    def __init__(self, message: str, checkpoint: str | None):
+        super().__init__(message)
+        self.checkpoint = checkpoint

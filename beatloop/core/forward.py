@@ -21,12 +21,20 @@ class ModelCalls(Mapping[str, Callable]):
 
     ``models["generator"](z)`` calls the generator with ``training=True`` if the beat
     runs it in training mode, else ``training=False``. ``models.raw(name)`` gives the
-    model itself (its variables, sub-models).
+    model itself (its variables, sub-models). ``models.random`` is the run's
+    ``tf.random.Generator``: draw noise from it (``models.random.normal(shape)``) so a
+    resumed run draws exactly the numbers the uninterrupted one would have.
     """
 
-    def __init__(self, models: Mapping[str, keras.Layer], training: frozenset[str]):
+    def __init__(
+        self,
+        models: Mapping[str, keras.Layer],
+        training: frozenset[str],
+        random: tf.random.Generator | None = None,
+    ):
         self._models = models
         self._training = training
+        self._random = random
 
     def __getitem__(self, name: str) -> Callable:
         return functools.partial(self._models[name], training=name in self._training)
@@ -44,6 +52,16 @@ class ModelCalls(Mapping[str, Callable]):
     def is_training(self, name: str) -> bool:
         """Whether ``name`` runs in training mode in this beat."""
         return name in self._training
+
+    @property
+    def random(self) -> tf.random.Generator:
+        """The run's random generator (checkpointed with the weights)."""
+        if self._random is None:
+            raise BeatloopError(
+                "this loss was called without the run's random generator; call it through "
+                "a bound beat (BoundBeat.forward) or the engine"
+            )
+        return self._random
 
 
 def split_loss_output(result, beat_name: str) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
@@ -76,13 +94,16 @@ def forward(
     training: frozenset[str],
     regularised: tuple[keras.Layer, ...],
     batch: Mapping[str, tf.Tensor],
+    random: tf.random.Generator | None = None,
 ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """Run one beat's loss; add the regularisation losses of the models it updates.
 
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    loss, outputs = split_loss_output(loss_fn(ModelCalls(models, training), batch), beat_name)
+    loss, outputs = split_loss_output(
+        loss_fn(ModelCalls(models, training, random), batch), beat_name
+    )
     extra = [
         tf.reduce_sum(tf.cast(term, tf.float32)) for model in regularised for term in model.losses
     ]

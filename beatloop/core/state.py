@@ -13,14 +13,29 @@ import tensorflow as tf
 
 
 class EngineState(tf.Module):
-    """Step, epoch and example counters, as variables so compiled code can advance them
-    and a checkpoint can hold them."""
+    """The run's counters, as variables so compiled code can advance them and a
+    checkpoint holds them with the weights they describe.
+
+    ``step``, ``epoch`` and ``examples`` count training. The data position is
+    ``streams`` (training iterators opened so far), ``stream_batches`` (batches taken
+    from the current one) and ``epoch_batches`` (batches taken this epoch, skipped ones
+    included): enough to rebuild the iterator at the same batch after a restart.
+    """
 
     def __init__(self):
         super().__init__(name="engine_state")
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples")
+        counter = lambda name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)  # noqa: E731
+        self.step = counter("step")
+        self.epoch = counter("epoch")
+        self.examples = counter("examples")
+        self.streams = counter("streams")
+        self.stream_batches = counter("stream_batches")
+        self.epoch_batches = counter("epoch_batches")
+
+    def position(self) -> dict[str, int]:
+        """All counters as Python ints (reads variables: call between compiled calls)."""
+        names = ("step", "epoch", "examples", "streams", "stream_batches", "epoch_batches")
+        return {name: int(getattr(self, name)) for name in names}
 
 
 class StepMetrics:
@@ -43,6 +58,11 @@ class StepMetrics:
     def named(self) -> dict[str, keras.metrics.Metric]:
         """Every metric under its logged name (``prefix`` + name)."""
         return {self.prefix + name: m for name, m in (*self.losses.items(), *self.metrics.items())}
+
+    def variables(self) -> list:
+        """Every metric's state variables, for checkpoints (Keras 3 metrics are not
+        TensorFlow trackables themselves; their variables are)."""
+        return [v for metric in self.named().values() for v in metric.variables]
 
     def results(self) -> dict[str, float]:
         """Current values as Python floats (reads variables: call between compiled calls)."""

@@ -9,8 +9,9 @@ exception crossing the compiled boundary.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+import attrs
 import tensorflow as tf
 
 from beatloop.core.batches import leading_dimension
@@ -28,46 +29,84 @@ def make_train_step(
     update_metrics: Callable,
     *,
     check_numerics: bool = False,
-) -> Callable[[Batch], None]:
-    """Return ``train_step(batch)``: every beat in order, then metrics and counters."""
+) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
+    """Return ``train_step(batch) -> (fault, value)``: every beat in order, then metrics
+    and counters.
 
-    def run_beat(beat: BoundBeat, batch: Batch, size: tf.Tensor) -> dict[str, tf.Tensor]:
+    ``fault`` is 0 when every beat's loss and gradient global norm were finite, else a
+    code for the first that was not (see :func:`describe_fault`) with the bad ``value``.
+    Computing it costs one reduction per beat; the engine reads it after the call and
+    stops the loop, instead of branching around every update inside the graph.
+    ``check_numerics`` (eager debug mode) raises before the bad update is applied.
+    """
+
+    def run_beat(index: int, beat: BoundBeat, batch: Batch, size: tf.Tensor):
         variables = list(beat.variables)
         outputs: dict[str, tf.Tensor] = {}
+        fault, value = _no_fault()
         for _ in range(beat.beat.repeat):
             with tf.GradientTape() as tape:
-                loss, outputs = beat.forward(bound.models, batch)
+                loss, outputs = beat.forward(bound.models, batch, random=bound.random)
                 scaled = beat.optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, variables)
             _refuse_missing_gradients(beat, variables, grads)
-            if beat.beat.transform is not None:
-                grads = beat.beat.transform(grads)
             if check_numerics:
                 _check_finite(beat, loss, grads, state)
+            fault, value = _first_fault((fault, value), _fault(index, loss, grads))
+            if beat.beat.transform is not None:
+                grads = beat.beat.transform(grads)
             beat.optimizer.apply(grads, variables)
             if beat.beat.constraint is not None:
                 for variable in variables:
                     variable.assign(beat.beat.constraint(variable))
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
-        return outputs
+        return outputs, fault, value
 
-    def train_step(batch: Batch) -> None:
+    def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
         outputs = {}
-        for beat in bound.beats:
+        found = _no_fault()
+        for index, beat in enumerate(bound.beats):
             if beat.beat.every == 1:
-                outputs[beat.beat.name] = run_beat(beat, batch, size)
+                outputs[beat.beat.name], *faults = run_beat(index, beat, batch, size)
             else:
-                tf.cond(
+                faults = tf.cond(
                     tf.equal(state.step % beat.beat.every, 0),
-                    lambda beat=beat: _ran(run_beat(beat, batch, size)),
-                    lambda: tf.constant(False),
+                    lambda index=index, beat=beat: run_beat(index, beat, batch, size)[1:],
+                    _no_fault,
                 )
+            found = _first_fault(found, tuple(faults))
         update_metrics(metrics.metrics, batch, outputs)
         state.step.assign_add(1)
         state.examples.assign_add(size)
+        return found
 
     return train_step
+
+
+def _no_fault() -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.constant(0), tf.constant(0.0)
+
+
+def _fault(index: int, loss: tf.Tensor, grads) -> tuple[tf.Tensor, tf.Tensor]:
+    """(code, value) for one update: 0 if the loss and gradient global norm are finite."""
+    norm = tf.linalg.global_norm([g for g in grads if g is not None])
+    loss_bad = tf.logical_not(tf.math.is_finite(loss))
+    norm_bad = tf.logical_not(tf.math.is_finite(norm))
+    code = tf.where(loss_bad, 2 * index + 1, tf.where(norm_bad, 2 * index + 2, 0))
+    return code, tf.where(loss_bad, loss, norm)
+
+
+def _first_fault(found, new) -> tuple[tf.Tensor, tf.Tensor]:
+    keep = tf.not_equal(found[0], 0)
+    return tf.where(keep, found[0], new[0]), tf.where(keep, found[1], new[1])
+
+
+def describe_fault(bound: BoundSchedule, code: int, value: float) -> str:
+    """Words for a fault code of :func:`make_train_step`."""
+    beat = bound.beats[(code - 1) // 2].beat.name
+    what = "loss" if code % 2 == 1 else "gradient global norm"
+    return f"beat {beat!r} produced a non-finite {what} ({value})"
 
 
 def make_validation_step(
@@ -80,31 +119,47 @@ def make_validation_step(
         size = leading_dimension(batch)
         outputs = {}
         for beat in bound.beats:
-            loss, outputs[beat.beat.name] = beat.forward(bound.models, batch, training=False)
+            loss, outputs[beat.beat.name] = beat.forward(
+                bound.models, batch, training=False, random=bound.random
+            )
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
         update_metrics(metrics.metrics, batch, outputs)
 
     return validation_step
 
 
+@attrs.frozen
+class LoopResult:
+    """What one compiled call did: ``ran`` steps (fewer than asked means the data ended
+    or a step faulted), and the fault code and value of the step that stopped it."""
+
+    ran: int
+    fault: int = 0
+    value: float = 0.0
+
+
 class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
     Compiled once, on construction, for the data set's element spec (batch dimension
-    unknown), so a short last batch reuses the same trace.
-    ``compiled=False`` runs the same code eagerly, for debugging.
+    unknown), so a short last batch reuses the same trace. The loop stops early at the
+    end of the data or at a step that reports a fault; ``counters`` (variables) advance
+    by the number of steps run, inside the same call. ``compiled=False`` runs the same
+    code eagerly, for debugging.
     """
 
     def __init__(
         self,
-        step_fn: Callable[[Batch], None],
+        step_fn: Callable[[Batch], tuple[tf.Tensor, tf.Tensor] | None],
         steps_per_execution: int,
         element_spec: Mapping[str, tf.TensorSpec],
         *,
+        counters: Sequence[tf.Variable] = (),
         compiled: bool = True,
     ):
         self.step_fn = step_fn
         self.steps_per_execution = steps_per_execution
+        self.counters = tuple(counters)
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
         if compiled:
@@ -119,34 +174,42 @@ class CompiledLoop:
         else:
             self._call = self._loop
 
-    def _loop(self, iterator, limit: tf.Tensor) -> tf.Tensor:
+    def _step(self, batch) -> tuple[tf.Tensor, tf.Tensor]:
+        result = self.step_fn(batch)
+        return _no_fault() if result is None else result
+
+    def _loop(self, iterator, limit: tf.Tensor):
         self.trace_count += 1
 
-        def more(count, next_batch):
-            return tf.logical_and(count < limit, next_batch.has_value())
+        def more(count, next_batch, fault, _value):
+            return tf.logical_and(
+                tf.logical_and(count < limit, next_batch.has_value()), tf.equal(fault, 0)
+            )
 
-        def body(count, next_batch):
-            self.step_fn(next_batch.get_value())
+        def body(count, next_batch, _fault, _value):
+            fault, value = self._step(next_batch.get_value())
             # Fetch only if another step follows, so no batch is pulled and dropped.
             following = tf.cond(
-                count + 1 < limit, iterator.get_next_as_optional, lambda: next_batch
+                tf.logical_and(count + 1 < limit, tf.equal(fault, 0)),
+                iterator.get_next_as_optional,
+                lambda: next_batch,
             )
-            return count + 1, following
+            return count + 1, following, fault, value
 
-        count, _ = tf.while_loop(more, body, (tf.constant(0), iterator.get_next_as_optional()))
-        return count
+        start = (tf.constant(0), iterator.get_next_as_optional(), *_no_fault())
+        count, _, fault, value = tf.while_loop(more, body, start)
+        for counter in self.counters:
+            counter.assign_add(tf.cast(count, counter.dtype))
+        return count, fault, value
 
-    def __call__(self, iterator, limit: int | None = None) -> int:
-        """Run up to ``limit`` (at most K) steps; return how many ran (fewer means the
-        data set ended)."""
+    def __call__(self, iterator, limit: int | None = None) -> LoopResult:
+        """Run up to ``limit`` (at most K) steps and say how many ran and why it stopped."""
         limit = self.steps_per_execution if limit is None else min(limit, self.steps_per_execution)
         if limit not in self._limits:
             self._limits[limit] = tf.constant(limit, tf.int32)
-        return int(self._call(iterator, self._limits[limit]))
-
-
-def _ran(_outputs) -> tf.Tensor:
-    return tf.constant(True)
+        count, fault, value = self._call(iterator, self._limits[limit])
+        fault = int(fault)
+        return LoopResult(int(count), fault, float(value) if fault else 0.0)
 
 
 def _refuse_missing_gradients(beat: BoundBeat, variables, grads) -> None:

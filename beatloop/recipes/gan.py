@@ -183,7 +183,7 @@ class Gan(Recipe):
         return {"d_loss": self.discriminator_loss, "g_loss": self.generator_loss}
 
     def _fake(self, models: ModelCalls, real: tf.Tensor) -> tf.Tensor:
-        noise = tf.random.normal([tf.shape(real)[0], self.config.latent_dim])
+        noise = models.random.normal([tf.shape(real)[0], self.config.latent_dim])
         return models["generator"](noise)
 
     def discriminator_loss(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:

@@ -83,7 +83,7 @@ class WganGp(beatloop.Recipe):
         )
 
     def _generate(self, models, count):
-        noise = tf.random.normal([count, self.config.latent_dim])
+        noise = models.random.normal([count, self.config.latent_dim])
         return models["generator"](noise)
 
     def critic_loss(self, models, batch):
@@ -91,7 +91,7 @@ class WganGp(beatloop.Recipe):
         fake = self._generate(models, tf.shape(real)[0])
         critic = models["critic"]
         wasserstein = tf.reduce_mean(critic(real)) - tf.reduce_mean(critic(fake))
-        mix = tf.random.uniform([tf.shape(real)[0], 1])
+        mix = models.random.uniform([tf.shape(real)[0], 1])
         between = mix * real + (1.0 - mix) * fake
         with tf.GradientTape() as inner:
             inner.watch(between)

@@ -1,0 +1,220 @@
+"""A run's checkpoints: everything needed to continue exactly, saved atomically.
+
+One ``tf.train.Checkpoint`` holds every model (with every variable, including the
+dropout seed states ``tf.train.Checkpoint`` would not find through the model), every
+optimizer, the engine's counters (step, epoch, data position), the run's random
+generator, the training metrics, and two JSON strings: the Python-side state of the
+callbacks and the run's *record* (recipe, config, seed, schedule, variables, data spec)
+that a resume is checked against. TensorFlow writes the files first and the index
+(``checkpoint``) last with an atomic rename, so "latest" never names a half-written
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from beatloop.core.errors import CheckpointError
+
+PREFIX = "ckpt"
+_HOST_KEY = "host/.ATTRIBUTES/VARIABLE_VALUE"
+_RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class RunCheckpoints:
+    """Saves and restores one run's state in ``directory`` (``RUN_DIR/checkpoints``)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        models: Mapping[str, keras.Layer],
+        optimizers: Mapping[str, keras.optimizers.Optimizer],
+        state: tf.Module,
+        random: tf.random.Generator,
+        metric_variables: Sequence,
+        max_to_keep: int = 3,
+    ):
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(
+                f"cannot create the checkpoint folder {self.directory}: {error}"
+            ) from None
+        self._host = tf.Variable("", dtype=tf.string, trainable=False, name="host_state")
+        self._record = tf.Variable("", dtype=tf.string, trainable=False, name="run_record")
+        self.checkpoint = tf.train.Checkpoint(
+            models=dict(models),
+            model_variables={name: list(model.variables) for name, model in models.items()},
+            optimizers=dict(optimizers),
+            state=state,
+            random=random,
+            metrics=list(metric_variables),
+            host=self._host,
+            record=self._record,
+        )
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.directory), max_to_keep=max_to_keep, checkpoint_name=PREFIX
+        )
+
+    # --- reading -------------------------------------------------------------------------
+
+    def paths(self) -> list[str]:
+        """Checkpoint prefixes, oldest first: the index's list, or the files found when
+        the index is missing or unreadable."""
+        listed = list(self.manager.checkpoints)
+        return listed or checkpoint_files(self.directory)
+
+    @property
+    def latest(self) -> str | None:
+        paths = self.paths()
+        return paths[-1] if paths else None
+
+    def restore_latest(self, expected_record: Mapping[str, Any]) -> tuple[str, dict] | None:
+        """Restore the newest readable checkpoint and return ``(path, host state)``;
+        ``None`` when there is none. A checkpoint that cannot be read is skipped with a
+        warning (the previous one is tried); one whose record differs from
+        ``expected_record`` is refused with a CheckpointError, never half-restored."""
+        failures = []
+        for path in reversed(self.paths()):
+            try:
+                record = read_record(path)
+            except (tf.errors.OpError, ValueError) as error:
+                failures.append(path)
+                _warn_unreadable(path, error)
+                continue
+            problems = record_differences(record, expected_record)
+            if problems:
+                raise CheckpointError(
+                    f"the checkpoints in {self.directory} belong to a different run and will "
+                    f"not be restored: {'; '.join(problems)}. Use a new run dir, or the same "
+                    "recipe, config and seed to resume"
+                )
+            try:
+                self.checkpoint.read(path).assert_existing_objects_matched()
+                host = json.loads(self._host.numpy().decode("utf-8"))
+            except (tf.errors.OpError, ValueError, AssertionError) as error:
+                failures.append(path)
+                _warn_unreadable(path, error)
+                continue
+            return path, host
+        if failures:
+            raise CheckpointError(
+                f"none of the checkpoints in {self.directory} could be read "
+                f"({', '.join(Path(p).name for p in failures)}); they are left as they are"
+            )
+        return None
+
+    # --- writing -------------------------------------------------------------------------
+
+    def save(self, host: Mapping[str, Any], record: Mapping[str, Any]) -> str:
+        """Write a new checkpoint (numbered after every existing one, so none is ever
+        overwritten) and return its path. A failed write (disk full, no permission)
+        removes its partial files and raises a CheckpointError; earlier checkpoints are
+        untouched."""
+        self._host.assign(json.dumps(host, default=_jsonable))
+        self._record.assign(json.dumps(record, default=str))
+        number = 1 + max((_number(p) for p in self.paths()), default=0)
+        try:
+            return self.manager.save(checkpoint_number=number)
+        except (tf.errors.OpError, OSError) as error:
+            self._remove_partial(number)
+            kept = ", ".join(Path(p).name for p in self.paths()) or "none"
+            raise CheckpointError(
+                f"could not write checkpoint {PREFIX}-{number} in {self.directory}: "
+                f"{_first_line(error)}; earlier checkpoints are intact ({kept})"
+            ) from None
+
+    def _remove_partial(self, number: int) -> None:
+        for leftover in self.directory.glob(f"{PREFIX}-{number}[._]*"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
+def checkpoint_files(directory: Path) -> list[str]:
+    """Checkpoint prefixes found on disk (by their ``.index`` files), oldest first."""
+    found = [str(p.with_suffix("")) for p in Path(directory).glob(f"{PREFIX}-*.index")]
+    return sorted(found, key=_number)
+
+
+def read_record(path: str) -> dict:
+    """The run record stored in one checkpoint, read without restoring anything."""
+    value = tf.train.load_checkpoint(path).get_tensor(_RECORD_KEY)
+    return json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
+
+
+def read_host_state(path: str) -> dict:
+    """The Python-side state (counters, callbacks) stored in one checkpoint."""
+    value = tf.train.load_checkpoint(path).get_tensor(_HOST_KEY)
+    return json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
+
+
+def latest_record(run_dir: Path) -> dict | None:
+    """The record of the newest readable checkpoint under ``run_dir``, if any."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return None
+    state = tf.train.get_checkpoint_state(str(directory))
+    listed = list(state.all_model_checkpoint_paths) if state else []
+    for path in reversed(listed or checkpoint_files(directory)):
+        try:
+            return read_record(path)
+        except (tf.errors.OpError, ValueError):
+            continue
+    return None
+
+
+def record_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs between a checkpoint's record and the run about to resume from it."""
+    problems = []
+    for key in current:
+        if key not in stored:
+            problems.append(f"the checkpoint has no {key!r} to compare")
+        elif stored[key] != current[key]:
+            old, new = stored[key], current[key]
+            if isinstance(old, Mapping) and isinstance(new, Mapping):
+                for name in sorted(set(old) | set(new)):
+                    if old.get(name) != new.get(name):
+                        problems.append(
+                            f"{key}.{name} is {old.get(name)!r} in the checkpoint but "
+                            f"{new.get(name)!r} now"
+                        )
+            else:
+                problems.append(f"{key} is {old!r} in the checkpoint but {new!r} now")
+    return problems
+
+
+def _number(path: str) -> int:
+    match = re.search(rf"{PREFIX}-(\d+)$", str(path))
+    return int(match.group(1)) if match else 0
+
+
+def _warn_unreadable(path: str, error: Exception) -> None:
+    warnings.warn(
+        f"checkpoint {path} could not be read ({_first_line(error)}); trying the one before",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _first_line(error: Exception) -> str:
+    message = getattr(error, "message", None) or str(error)
+    return " ".join(message.strip().splitlines()[:1])[:300]
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
