@@ -57,7 +57,9 @@ class EngineOptions:
     checkpoint and goes on after the offending batch, at most ``max_rollbacks`` times.
     """
 
-    steps_per_execution: int = attrs.field(default=1, validator=[_int, attrs.validators.ge(1)])
+    steps_per_execution: int = attrs.field(
+        default=1, validator=[_int, attrs.validators.ge(1), attrs.validators.lt(1 << 20)]
+    )
     debug: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     steps_per_epoch: int | None = attrs.field(
         default=None, validator=attrs.validators.optional([_int, attrs.validators.ge(1)])

@@ -128,6 +128,9 @@ def make_validation_step(
     return validation_step
 
 
+_FAULT_SHIFT = 1 << 20  # steps per call stay below this; fault codes ride above it
+
+
 @attrs.frozen
 class LoopResult:
     """What one compiled call did: ``ran`` steps (fewer than asked means the data ended
@@ -200,16 +203,17 @@ class CompiledLoop:
         count, _, fault, value = tf.while_loop(more, body, start)
         for counter in self.counters:
             counter.assign_add(tf.cast(count, counter.dtype))
-        return count, fault, value
+        # One integer for the caller to read (each tensor read costs microseconds).
+        return count + fault * _FAULT_SHIFT, value
 
     def __call__(self, iterator, limit: int | None = None) -> LoopResult:
         """Run up to ``limit`` (at most K) steps and say how many ran and why it stopped."""
         limit = self.steps_per_execution if limit is None else min(limit, self.steps_per_execution)
         if limit not in self._limits:
             self._limits[limit] = tf.constant(limit, tf.int32)
-        count, fault, value = self._call(iterator, self._limits[limit])
-        fault = int(fault)
-        return LoopResult(int(count), fault, float(value) if fault else 0.0)
+        status, value = self._call(iterator, self._limits[limit])
+        fault, count = divmod(int(status), _FAULT_SHIFT)
+        return LoopResult(count, fault, float(value) if fault else 0.0)
 
 
 def _refuse_missing_gradients(beat: BoundBeat, variables, grads) -> None:
