@@ -16,6 +16,7 @@ _EXPORTS = {
     # running
     "fit": "beatloop.fitting",
     "make_recipe": "beatloop.fitting",
+    "restore": "beatloop.fitting",
     "FitResult": "beatloop.core.result",
     "Engine": "beatloop.core.engine",
     "EngineOptions": "beatloop.core.engine",

@@ -1,4 +1,4 @@
-"""The ``beatloop`` command: ``list``, ``show NAME``, ``run NAME``.
+"""The ``beatloop`` command: ``list``, ``show NAME``, ``run NAME``, ``export RUN_DIR OUT``.
 
 TensorFlow is imported only after the log level is set, so start-up noise stays quiet.
 """
@@ -40,27 +40,59 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config field (repeatable); see `beatloop show RECIPE`",
     )
     run.add_argument(
-        "--run-dir", type=Path, default=None, help="where logs go (default runs/RECIPE-TIME)"
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where logs and checkpoints go (default runs/RECIPE-TIME); a run dir that "
+        "holds checkpoints is resumed",
     )
+    run.add_argument(
+        "--checkpoint-every", type=int, default=None, metavar="N", help="also every N steps"
+    )
+    run.add_argument("--max-to-keep", type=int, default=3, metavar="N", help="checkpoints kept")
+    run.add_argument(
+        "--on-nan",
+        choices=("raise", "rollback"),
+        default="raise",
+        help="on a non-finite loss or gradient: stop, or restore the last checkpoint and "
+        "skip the batch",
+    )
+    run.add_argument("--max-rollbacks", type=int, default=3, metavar="N")
     run.add_argument("--steps-per-execution", type=int, default=1, metavar="K")
     run.add_argument(
         "--callback", action="append", default=[], metavar="NAME", help="a registered callback"
     )
     run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+
+    export = commands.add_parser(
+        "export", help="write a run's inference models (from its latest checkpoint) as SavedModels"
+    )
+    export.add_argument("run_dir", type=Path)
+    export.add_argument("out", type=Path)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _parser().parse_args(argv)
-    from beatloop.core.errors import BeatloopError
+    from beatloop.core.errors import BeatloopError, RunInterrupted
 
+    commands = {"list": _list, "show": _show, "run": _run, "export": _export}
     try:
-        return {"list": _list, "show": _show, "run": _run}[args.command](args)
+        return commands[args.command](args)
     except BeatloopError as error:
         print(f"beatloop: error: {error}", file=sys.stderr)
         return 2
+    except RunInterrupted as interrupted:
+        print(f"beatloop: {interrupted}", file=sys.stderr)
+        if interrupted.checkpoint:
+            print(
+                "beatloop: resume with the same command and --run-dir "
+                f"{Path(interrupted.checkpoint).parent.parent}",
+                file=sys.stderr,
+            )
+        return 130
 
 
 def _list(args) -> int:
@@ -133,14 +165,32 @@ def _run(args) -> int:
         debug=args.debug,
         run_dir=run_dir,
         progress=not args.quiet,
+        checkpoint_every=args.checkpoint_every,
+        max_to_keep=args.max_to_keep,
+        on_nan=args.on_nan,
+        max_rollbacks=args.max_rollbacks,
     )
+    if result.resumed_from:
+        print(f"resumed from {result.resumed_from}")
     final = {name: values[-1] for name, values in result.history.items()}
     print(
         f"{cls.name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
         + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
     )
     print(f"run dir: {run_dir}")
+    if result.checkpoint:
+        print(f"checkpoint: {result.checkpoint}")
     for name, path in result.artifacts.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _export(args) -> int:
+    from beatloop.fitting import restore
+
+    result = restore(args.run_dir)
+    print(f"{result.recipe.name}: restored {result.checkpoint} (step {result.steps})")
+    for name, path in result.export(args.out).items():
         print(f"{name}: {path}")
     return 0
 

@@ -16,9 +16,10 @@ import tensorflow as tf
 
 from beatloop.core.batches import as_data_split
 from beatloop.core.callbacks import Callback
+from beatloop.core.checkpoints import latest_record, refuse_different_run
 from beatloop.core.config import make_config
-from beatloop.core.engine import Engine, EngineOptions
-from beatloop.core.errors import ConfigError
+from beatloop.core.engine import Engine, EngineOptions, identity_record
+from beatloop.core.errors import CheckpointError, ConfigError
 from beatloop.core.recipe import Recipe
 from beatloop.core.result import FitResult
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
@@ -53,34 +54,56 @@ def fit(
     debug: bool = False,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
+    checkpoint_every: int | None = None,
+    max_to_keep: int = 3,
+    on_nan: str = "raise",
+    max_rollbacks: int = 3,
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
     ``data`` is a ``tf.data.Dataset``, a ``(train, validation)`` pair or a DataSplit of
     batched ``(x, y)`` tuples or dicts; ``None`` takes the recipe's built-in data.
-    ``seed`` seeds Python, NumPy and TensorFlow (a random seed is drawn and recorded
-    when omitted). ``steps_per_execution`` runs that many steps per compiled call;
-    ``steps_per_epoch`` ends epochs after that many steps (needed for endless data);
-    ``debug`` runs eagerly and stops at the first non-finite loss or gradient.
-    ``progress``: show a progress bar (``None``: only on a terminal).
+    ``seed`` seeds Python, NumPy and TensorFlow and turns on TensorFlow's op determinism
+    (a random seed is drawn and recorded when omitted). ``steps_per_execution`` runs that
+    many steps per compiled call; ``steps_per_epoch`` ends epochs after that many steps
+    (needed for endless data); ``debug`` runs eagerly and stops at the first non-finite
+    loss or gradient before it is applied. ``progress``: show a progress bar (``None``:
+    only on a terminal).
+
+    With ``run_dir``, the run checkpoints there at each epoch's end (and every
+    ``checkpoint_every`` steps, keeping ``max_to_keep``), and a run dir that already
+    holds checkpoints is *resumed*: training continues exactly where it stopped, up to
+    ``epochs`` in all. The seed is taken from the checkpoint when omitted; a different
+    recipe, config or seed is refused. ``on_nan="rollback"`` answers a non-finite loss or
+    gradient norm by restoring the last checkpoint and going on after the offending
+    batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
     """
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
-    if seed is None:
-        seed = secrets.randbelow(2**31)
-    elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     try:
         options = EngineOptions(
-            steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch
+            steps_per_execution=steps_per_execution,
+            debug=debug,
+            steps_per_epoch=steps_per_epoch,
+            checkpoint_every=checkpoint_every,
+            max_to_keep=max_to_keep,
+            on_nan=on_nan,
+            max_rollbacks=max_rollbacks,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(f"invalid engine option: {error}") from None
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
+    run_path = None if run_dir is None else Path(run_dir)
+    seed = _resumed_seed(recipe, seed, run_path)
+    if seed is None:
+        seed = secrets.randbelow(2**31)
+    else:
+        tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(seed)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
-    run_path = None if run_dir is None else Path(run_dir)
 
     history = History()
     run_callbacks: list[Callback] = [history]
@@ -107,19 +130,73 @@ def fit(
         label=label,
     )
     if run_path is not None:
+        engine.resume()
         write_run_record(run_path / "run.json", engine, seed, epochs)
     engine.fit(epochs)
+    return _result(engine, history, seed)
+
+
+def restore(run_dir: str | Path) -> FitResult:
+    """The run in ``run_dir`` as it stands at its latest checkpoint, without training:
+    its models, optimizers and history, ready to ``export`` or inspect. The recipe is
+    rebuilt by name (it must be registered) with its recorded config and seed, on its
+    built-in data; a run trained on other data or models is refused with the reason."""
+    run_path = Path(run_dir)
+    stored = latest_record(run_path)
+    if stored is None:
+        raise CheckpointError(f"{run_path} holds no readable checkpoint to restore")
+    cls = get_recipe(stored["recipe"])
+    recipe = make_recipe(cls, config_from_record(cls, stored.get("config", {})))
+    seed = stored["seed"]
+    keras.utils.set_random_seed(seed)
+    history = History()
+    engine = Engine(
+        recipe,
+        as_data_split(recipe.default_data(seed)),
+        callbacks=[history],
+        run_dir=run_path,
+        seed=seed,
+        label=registry().describe_origin(stored["recipe"]),
+    )
+    engine.resume()
+    return _result(engine, history, seed)
+
+
+def config_from_record(cls: type[Recipe], stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Config overrides that rebuild a recorded (JSON) config: the fields whose recorded
+    value differs from the default, with JSON lists turned back into tuples."""
+    defaults = json.loads(json.dumps(attrs.asdict(cls.Config()), default=str))
+    tupled = lambda value: (  # noqa: E731
+        tuple(tupled(v) for v in value) if isinstance(value, list) else value
+    )
+    return {key: tupled(value) for key, value in stored.items() if defaults.get(key) != value}
+
+
+def _result(engine: Engine, history: History, seed: int) -> FitResult:
     return FitResult(
-        recipe=recipe,
-        config=recipe.config,
+        recipe=engine.recipe,
+        config=engine.recipe.config,
         history=history.history,
         bound=engine.bound,
         seed=seed,
         steps=int(engine.state.step),
         epochs=int(engine.state.epoch),
-        run_dir=run_path,
+        run_dir=engine.run.run_dir,
         artifacts=dict(engine.run.artifacts),
+        resumed_from=engine.run.resumed_from,
+        checkpoint=engine.checkpoints.latest if engine.checkpoints is not None else None,
     )
+
+
+def _resumed_seed(recipe: Recipe, seed: int | None, run_dir: Path | None) -> int | None:
+    """The seed of the run in ``run_dir`` when resuming (refusing a different recipe,
+    config or seed before anything is built), else ``seed`` as given."""
+    stored = latest_record(run_dir) if run_dir is not None else None
+    if stored is None:
+        return seed
+    current = identity_record(recipe, stored.get("seed") if seed is None else seed)
+    refuse_different_run(stored, current, run_dir / "checkpoints")
+    return current["seed"]
 
 
 def write_run_record(path: Path, engine: Engine, seed: int, epochs: int) -> None:
@@ -132,6 +209,8 @@ def write_run_record(path: Path, engine: Engine, seed: int, epochs: int) -> None
         "seed": seed,
         "epochs": epochs,
         "steps_per_execution": engine.options.steps_per_execution,
+        "checkpoint_every": engine.options.checkpoint_every,
+        "resumed_from": engine.run.resumed_from,
         "versions": {
             "python": platform.python_version(),
             "tensorflow": tf.__version__,

@@ -26,6 +26,9 @@ import tensorflow as tf
 from beatloop.core.errors import CheckpointError
 
 PREFIX = "ckpt"
+# What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),
+# and the reader's IndexError/ValueError on garbled bytes.
+_UNREADABLE = (tf.errors.OpError, ValueError, IndexError, KeyError, RuntimeError)
 _HOST_KEY = "host/.ATTRIBUTES/VARIABLE_VALUE"
 _RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -89,21 +92,16 @@ class RunCheckpoints:
         for path in reversed(self.paths()):
             try:
                 record = read_record(path)
-            except (tf.errors.OpError, ValueError) as error:
+            except _UNREADABLE as error:
                 failures.append(path)
                 _warn_unreadable(path, error)
                 continue
-            problems = record_differences(record, expected_record)
-            if problems:
-                raise CheckpointError(
-                    f"the checkpoints in {self.directory} belong to a different run and will "
-                    f"not be restored: {'; '.join(problems)}. Use a new run dir, or the same "
-                    "recipe, config and seed to resume"
-                )
+            refuse_different_run(record, expected_record, self.directory)
             try:
-                self.checkpoint.read(path).assert_existing_objects_matched()
+                status = self.checkpoint.read(path)
+                status.assert_existing_objects_matched().expect_partial()
                 host = json.loads(self._host.numpy().decode("utf-8"))
-            except (tf.errors.OpError, ValueError, AssertionError) as error:
+            except (*_UNREADABLE, AssertionError) as error:
                 failures.append(path)
                 _warn_unreadable(path, error)
                 continue
@@ -171,9 +169,23 @@ def latest_record(run_dir: Path) -> dict | None:
     for path in reversed(listed or checkpoint_files(directory)):
         try:
             return read_record(path)
-        except (tf.errors.OpError, ValueError):
+        except _UNREADABLE:
             continue
     return None
+
+
+def refuse_different_run(
+    stored: Mapping[str, Any], current: Mapping[str, Any], directory: Path
+) -> None:
+    """Raise a CheckpointError listing every difference between a checkpoint's record
+    and the run about to resume from it; return quietly when they agree."""
+    problems = record_differences(stored, current)
+    if problems:
+        raise CheckpointError(
+            f"the checkpoints in {directory} belong to a different run and will not be "
+            f"restored: {'; '.join(problems)}. Use a new run dir, or the same recipe, "
+            "config and seed to resume"
+        )
 
 
 def record_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -211,6 +223,7 @@ def _warn_unreadable(path: str, error: Exception) -> None:
 
 def _first_line(error: Exception) -> str:
     message = getattr(error, "message", None) or str(error)
+    message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)  # TF's op wrapper
     return " ".join(message.strip().splitlines()[:1])[:300]
 
 

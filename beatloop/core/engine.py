@@ -149,6 +149,7 @@ class Engine:
         elif options.on_nan == "rollback":
             raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
         self._iterator = None
+        self._resume_checked = False
         self._rollbacks = 0
         self._saved_step = -1
         self._interrupt = InterruptFlag()
@@ -166,7 +167,7 @@ class Engine:
     def record(self) -> dict:
         """What a checkpoint of this run must match to be resumed from: recipe, config,
         schedule, every model's variables and the data's batch spec."""
-        return run_record(self.recipe, self.bound, self.data)
+        return run_record(self.recipe, self.bound, self.data, self.seed)
 
     def fit(self, epochs: int) -> dict[str, float]:
         """Run epochs until ``epochs`` have completed (counting those of a resumed run);
@@ -175,7 +176,7 @@ class Engine:
             raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
         run = self.run
         run.epochs = epochs
-        self._resume()
+        self.resume()
         logs: dict[str, float] = {}
         self.callbacks.fire("fit_start", run)
         try:
@@ -278,10 +279,12 @@ class Engine:
 
     # --- checkpoints, resume, faults, interrupts -------------------------------------------
 
-    def _resume(self) -> None:
-        """Continue from the latest readable checkpoint in the run dir, if there is one."""
-        if self.checkpoints is None or self.run.resumed_from is not None:
-            return
+    def resume(self) -> str | None:
+        """Restore the latest readable checkpoint in the run dir, if there is one, and
+        return its path (``fit`` calls this first; calling it again does nothing)."""
+        if self.checkpoints is None or self._resume_checked:
+            return self.run.resumed_from
+        self._resume_checked = True
         restored = self.checkpoints.restore_latest(self.record())
         if restored is None:
             return
@@ -290,6 +293,7 @@ class Engine:
         self._reposition()
         self._saved_step = int(self.state.step)
         self.run.resumed_from = path
+        return path
 
     def _host_state(self) -> dict:
         return {"position": self.state.position(), "callbacks": self.callbacks.checkpoint_state()}
@@ -403,18 +407,24 @@ def _skip(iterator, count: tf.Tensor) -> tf.Tensor:
     return taken
 
 
-def run_record(recipe: Recipe, bound: BoundSchedule, data: DataSplit) -> dict:
+def run_record(recipe: Recipe, bound: BoundSchedule, data: DataSplit, seed: int) -> dict:
     """The parts of a run a checkpoint must agree with to be resumed from."""
     return {
-        "recipe": recipe.name,
-        "config": json.loads(json.dumps(attrs.asdict(recipe.config), default=str)),
+        **identity_record(recipe, seed),
         "schedule": bound.schedule.describe(),
+        # Shapes in order, not paths: Keras numbers layer names per process ("dense_2").
         "variables": {
-            name: {v.path: list(v.shape) for v in model.variables}
-            for name, model in bound.models.items()
+            name: [list(v.shape) for v in model.variables] for name, model in bound.models.items()
         },
         "data": {key: str(spec) for key, spec in data.train.element_spec.items()},
     }
+
+
+def identity_record(recipe: Recipe, seed: int) -> dict:
+    """Recipe name, config (as JSON values) and seed: what ``fit`` checks before it
+    builds anything, to refuse a resume early."""
+    config = json.loads(json.dumps(attrs.asdict(recipe.config), default=str))
+    return {"recipe": recipe.name, "config": config, "seed": seed}
 
 
 def _check_data(recipe: Recipe, data: DataSplit, label: str) -> None:

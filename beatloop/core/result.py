@@ -28,6 +28,10 @@ class FitResult:
     epochs: int
     run_dir: Path | None = None
     artifacts: Mapping[str, Path] = attrs.field(factory=dict)
+    #: The checkpoint this run continued from, if it was resumed.
+    resumed_from: str | None = None
+    #: The newest checkpoint in the run dir when the run ended.
+    checkpoint: str | None = None
 
     @property
     def models(self) -> Mapping[str, keras.Layer]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import csv
+import io
 import json
 import math
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
 
 from beatloop.core.callbacks import Callback, Run
 from beatloop.core.errors import ConfigError
@@ -23,6 +27,12 @@ class History(Callback):
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         for name, value in logs.items():
             self.history.setdefault(name, []).append(value)
+
+    def checkpoint_state(self) -> dict:
+        return {"history": self.history}
+
+    def restore_state(self, state: dict) -> None:
+        self.history = {name: list(values) for name, values in state["history"].items()}
 
 
 def format_logs(logs: Mapping[str, float]) -> str:
@@ -97,6 +107,18 @@ class ProgressBar(Callback):
         return (run.examples - self._examples) / elapsed
 
 
+def encode_arrays(arrays: list) -> str:
+    """NumPy arrays as one base64 text (an ``.npz``), to keep them in JSON state."""
+    buffer = io.BytesIO()
+    np.savez(buffer, *arrays)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_arrays(text: str) -> list:
+    with np.load(io.BytesIO(base64.b64decode(text))) as archive:
+        return [archive[f"arr_{i}"] for i in range(len(archive.files))]
+
+
 def _jsonable(value):
     """JSON has no NaN or infinity: write them as null."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
@@ -117,6 +139,23 @@ class EpochLogFile(Callback):
                 raise ConfigError(f"{type(self).__name__} needs a path or a run with a run_dir")
             self.path = Path(run.run_dir) / self.filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if run.resumed_from is not None and self.path.exists():
+            self.drop_after(run.epoch)
+
+    def drop_after(self, epochs: int) -> None:
+        """Keep only the rows of the first ``epochs`` epochs: a resumed run rewrites the
+        epochs its checkpoint did not include (written before a crash)."""
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if self.row_epoch(line) in (None, *range(1, epochs + 1))]
+        if len(kept) != len(lines):
+            temporary = self.path.with_name(self.path.name + ".tmp")
+            temporary.write_text("".join(kept), encoding="utf-8")
+            temporary.replace(self.path)
+
+    @staticmethod
+    def row_epoch(line: str) -> int | None:
+        """The epoch a row records (``None`` for a header)."""
+        raise NotImplementedError
 
     @staticmethod
     def record(run: Run, epoch: int, logs: Mapping[str, float]) -> dict:
@@ -130,6 +169,10 @@ class JsonLinesLogger(EpochLogFile):
 
     callback_name = "jsonl"
     filename = "history.jsonl"
+
+    @staticmethod
+    def row_epoch(line: str) -> int | None:
+        return json.loads(line)["epoch"] if line.strip() else -1
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         record = {k: _jsonable(v) for k, v in self.record(run, epoch, logs).items()}
@@ -146,6 +189,11 @@ class CsvLogger(EpochLogFile):
     def __init__(self, path: str | Path | None = None):
         super().__init__(path)
         self._fields: list[str] | None = None
+
+    @staticmethod
+    def row_epoch(line: str) -> int | None:
+        first = line.split(",", 1)[0].strip()
+        return int(first) if first.isdigit() else None
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         row = self.record(run, epoch, logs)
@@ -215,6 +263,26 @@ class EarlyStopping(Callback):
         if self._waited >= self.patience:
             self.stopped_epoch = epoch
             run.stop_training = True
+
+    def checkpoint_state(self) -> dict:
+        weights = self._best_weights
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "stopped_epoch": self.stopped_epoch,
+            "waited": self._waited,
+            "best_weights": None
+            if weights is None
+            else {n: encode_arrays(w) for n, w in weights.items()},
+        }
+
+    def restore_state(self, state: dict) -> None:
+        self.best, self.best_epoch = state["best"], state["best_epoch"]
+        self.stopped_epoch, self._waited = state["stopped_epoch"], state["waited"]
+        weights = state["best_weights"]
+        self._best_weights = (
+            None if weights is None else {n: decode_arrays(w) for n, w in weights.items()}
+        )
 
     def on_fit_end(self, run: Run, logs: Mapping[str, float]) -> None:
         if self.restore_best and self._best_weights is not None:

@@ -302,3 +302,9 @@ class DynamicWeightAverage(Callback):
         if len(self.losses) >= 2:
             weights = dwa_weights(self.losses[-1], self.losses[-2], recipe.config.dwa_temperature)
             run.models["loss_weights"].variable.assign(weights)
+
+    def checkpoint_state(self) -> dict:
+        return {"losses": self.losses}
+
+    def restore_state(self, state: dict) -> None:
+        self.losses = [list(row) for row in state["losses"]]

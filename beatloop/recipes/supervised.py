@@ -31,6 +31,9 @@ class SupervisedConfig:
     """Settings of the supervised recipe."""
 
     hidden: int = attrs.field(default=64, validator=_positive)
+    dropout: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
+    )
     classes: int = attrs.field(default=10, validator=_positive)
     optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = attrs.field(
         default="adam", validator=attrs.validators.in_(tuple(OPTIMIZERS))
@@ -69,10 +72,10 @@ class Supervised(Recipe):
         layers = [keras.Input(shape=features)]
         if len(features) > 1:
             layers.append(keras.layers.Flatten())
-        layers += [
-            keras.layers.Dense(self.config.hidden, activation="relu"),
-            keras.layers.Dense(self.config.classes),
-        ]
+        layers.append(keras.layers.Dense(self.config.hidden, activation="relu"))
+        if self.config.dropout:
+            layers.append(keras.layers.Dropout(self.config.dropout))
+        layers.append(keras.layers.Dense(self.config.classes))
         return {"model": keras.Sequential(layers, name="classifier")}
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:

@@ -1,0 +1,173 @@
+"""Checkpoints and resume: a run killed mid-epoch (a real SIGKILL) and resumed ends
+bit-identical to one never interrupted; resumes of a different run are refused; a full
+disk, a corrupt checkpoint and Ctrl-C leave a run that can go on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).parent / "workers" / "resumable_run.py"
+BEATLOOP = Path(sys.executable).parent / "beatloop"
+
+# 1,437 training digits in batches of 64: 23 steps an epoch. Checkpoints every 8 steps
+# (8, 16, the epoch end at 23, 24, 32, ...); the kill at step 30 loses 6 steps.
+RUNS = {
+    "supervised": {"config": {"batch_size": 64, "dropout": 0.3}},
+    "gan": {"config": {"batch_size": 64, "n_critic": 2, "quality_samples": 64}},
+}
+BASE = {"epochs": 2, "seed": 3, "checkpoint_every": 8}
+
+
+def start_worker(spec: dict) -> subprocess.Popen:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def history(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("recipe", sorted(RUNS))
+def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, recipe):
+    spec = {**BASE, **RUNS[recipe], "recipe": recipe}
+    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
+    # The uninterrupted run and the one that will be killed run side by side.
+    full = start_worker({**spec, "run_dir": str(full_dir), "out": str(tmp_path / "full.npz")})
+    killed = start_worker({**spec, "run_dir": str(killed_dir), "kill_at": 30, "out": "unused"})
+    code, _, err = finish(killed)
+    assert code == -signal.SIGKILL, err
+    assert not (killed_dir / "unused").exists()
+    assert len(history(killed_dir)) == 1  # epoch 1 finished, epoch 2 was cut short
+    code, out, err = finish(full)
+    assert code == 0, err
+
+    resumed = start_worker({**spec, "run_dir": str(killed_dir), "out": str(tmp_path / "r.npz")})
+    code, out, err = finish(resumed)
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["resumed_from"].endswith("ckpt-5")  # steps 0, 8, 16, 23, 24
+    assert summary["steps"] == 46
+
+    expected, got = load(tmp_path / "full.npz"), load(tmp_path / "r.npz")
+    assert sorted(expected) == sorted(got)
+    for key in expected:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+    assert history(killed_dir) == history(full_dir)  # every logged figure, bit for bit
+
+
+def small_run(tmp_path, **overrides):
+    """Two quick epochs of supervised on 320 digits, checkpointing into tmp_path/run."""
+    import beatloop
+    from beatloop.data import batches, digits_arrays
+
+    train, validation = digits_arrays(seed=0)
+    data = (
+        batches({k: v[:320] for k, v in train.items()}, 32, shuffle_seed=1),
+        batches({k: v[:64] for k, v in validation.items()}, 32),
+    )
+    options = {"epochs": 2, "seed": 1, "checkpoint_every": 4, "run_dir": tmp_path / "run"}
+    return beatloop.fit("supervised", data=data, **{**options, **overrides})
+
+
+def test_a_finished_run_continues_and_a_different_one_is_refused(tmp_path):
+    from beatloop.core.errors import CheckpointError
+
+    first = small_run(tmp_path)
+    assert first.steps == 20 and first.resumed_from is None
+    more = small_run(tmp_path, epochs=3, seed=None)  # the seed comes from the checkpoint
+    assert more.seed == 1 and more.steps == 30 and more.epochs == 3
+    assert more.resumed_from == first.checkpoint
+    assert len(more.history["loss"]) == 3
+    assert more.history["loss"][:2] == first.history["loss"]
+    assert [row["epoch"] for row in history(tmp_path / "run")] == [1, 2, 3]
+
+    with pytest.raises(CheckpointError, match=r"config\.hidden is 64 in the checkpoint but 32"):
+        small_run(tmp_path, epochs=4, config={"hidden": 32})
+    with pytest.raises(CheckpointError, match="seed is 1 in the checkpoint but 2 now"):
+        small_run(tmp_path, epochs=4, seed=2)
+    import beatloop
+
+    with pytest.raises(CheckpointError, match="recipe is 'supervised' in the checkpoint"):
+        beatloop.fit("risk_weighted", epochs=4, seed=1, run_dir=tmp_path / "run")
+    # Nothing was touched by the refusals: the run still resumes where it was.
+    assert beatloop.restore(tmp_path / "run").steps == 30
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
+    import beatloop
+
+    first = small_run(tmp_path, epochs=1)
+    directory = tmp_path / "run" / "checkpoints"
+    latest = Path(first.checkpoint)
+    data_file = next(directory.glob(latest.name + ".data-*"))
+    blob = bytearray(data_file.read_bytes())
+    blob[: len(blob) // 2] = b"\xff" * (len(blob) // 2)
+    data_file.write_bytes(bytes(blob))
+
+    with pytest.warns(RuntimeWarning, match=f"{latest.name} could not be read"):
+        restored = beatloop.restore(tmp_path / "run")
+    assert restored.checkpoint == str(latest)  # the index still lists it; it was skipped
+    assert restored.steps == 8  # the checkpoint before the epoch's end (step 10)
+    with pytest.warns(RuntimeWarning, match="could not be read"):
+        resumed = small_run(tmp_path, epochs=1)
+    assert resumed.resumed_from.endswith("ckpt-3") and resumed.steps == 10
+
+
+def test_a_full_disk_fails_clearly_and_keeps_the_checkpoints_before(tmp_path):
+    import beatloop
+
+    spec = {**BASE, **RUNS["supervised"], "recipe": "supervised", "full_disk_at": 26}
+    run_dir = tmp_path / "run"
+    code, out, _ = finish(start_worker({**spec, "run_dir": str(run_dir), "out": "unused"}))
+    assert code == 2
+    assert "CheckpointError: could not write checkpoint ckpt-6" in out
+    assert "earlier checkpoints are intact (ckpt-3, ckpt-4, ckpt-5)" in out
+    assert not list((run_dir / "checkpoints").glob("ckpt-6*"))  # no partial files left
+    restored = beatloop.restore(run_dir)  # the newest good checkpoint still loads
+    assert restored.steps == 24 and restored.checkpoint.endswith("ckpt-5")
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    import beatloop
+
+    run_dir = tmp_path / "run"
+    command = [str(BEATLOOP), "run", "supervised", "--epochs", "200", "--seed", "0"]
+    command += ["--run-dir", str(run_dir), "--quiet", "--set", "batch_size=64"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "history.jsonl").exists():  # training is under way
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "interrupted at step" in err and "Traceback" not in err
+    step = int(err.split("interrupted at step ")[1].split()[0])
+    restored = beatloop.restore(run_dir)
+    assert restored.steps == step  # the checkpoint holds the moment it stopped
+    assert restored.checkpoint in err

@@ -1,0 +1,165 @@
+"""The NaN/Inf guard in the compiled step: every beat's loss and gradient norm are
+checked; a fault stops the run naming beat, step and value (the last good checkpoint
+stays), or rolls back to that checkpoint and skips the offending batch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+
+def poisoned(digits, bad_batch: int, key: str = "x"):
+    """320 training digits in 10 unshuffled batches of 32; batch ``bad_batch`` (from 1)
+    holds NaN in ``key``, so it poisons every epoch at the same place. ``key="z"`` adds
+    ``z``, a copy of ``x``, and poisons that instead."""
+    import tensorflow as tf
+
+    train, validation = digits
+    train = {k: np.array(v[:320], copy=True) for k, v in train.items()}
+    validation = {k: v[:64] for k, v in validation.items()}
+    if key == "z":
+        train["z"], validation["z"] = train["x"].copy(), validation["x"]
+    rows = slice(32 * (bad_batch - 1), 32 * bad_batch)
+    train[key] = train[key].astype(np.float32)
+    train[key][rows] = np.nan
+    return (
+        tf.data.Dataset.from_tensor_slices(train).batch(32),
+        tf.data.Dataset.from_tensor_slices(validation).batch(32),
+    )
+
+
+def finite(models) -> bool:
+    return all(np.isfinite(w).all() for m in models.values() for w in m.get_weights())
+
+
+def test_a_nan_batch_stops_the_run_naming_beat_step_and_checkpoint(digits, tmp_path):
+    import beatloop
+    from beatloop.core.errors import NumericsError
+
+    with pytest.raises(NumericsError) as caught:
+        beatloop.fit(
+            "supervised",
+            data=poisoned(digits, bad_batch=7),
+            epochs=2,
+            seed=0,
+            run_dir=tmp_path,
+            checkpoint_every=4,
+        )
+    message = str(caught.value)
+    # ReLU turns the NaN inputs into zeros, so the loss stays finite: only the gradient
+    # norm (NaN inputs times the error) shows the fault.
+    assert "beat 'loss' produced a non-finite gradient global norm (nan) at step 7" in message
+    assert message.endswith(f"the last good checkpoint is {tmp_path}/checkpoints/ckpt-2")
+    kept = beatloop.restore(tmp_path)  # the checkpoint of step 4 is intact and finite
+    assert kept.steps == 4 and finite(kept.models)
+
+
+class TwoBeats(__import__("beatloop").Recipe):
+    """Beat 'first' fits model a to x; beat 'second' fits model b to z (test recipe)."""
+
+    name = "two_beats_test"
+    batch_keys = {"x": 2, "z": 2, "y": 1}
+
+    def default_data(self, seed):
+        raise NotImplementedError
+
+    def build_models(self, batch_spec):
+        import keras
+
+        make = lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])  # noqa: E731
+        return {"a": make(), "b": make()}
+
+    def build_optimizers(self):
+        import keras
+
+        return {"opt_a": keras.optimizers.SGD(0.01), "opt_b": keras.optimizers.SGD(0.01)}
+
+    def losses(self):
+        import tensorflow as tf
+
+        def fit(model, key):
+            def loss(models, batch):
+                target = tf.cast(batch["y"], tf.float32)[:, None]
+                return tf.reduce_mean(tf.square(models[model](batch[key]) - target))
+
+            return loss
+
+        return {"first": fit("a", "x"), "second": fit("b", "z")}
+
+    def schedule(self):
+        from beatloop import Beat, Schedule
+
+        return Schedule(
+            (
+                Beat(loss="first", optimizer="opt_a", updates="a"),
+                Beat(loss="second", optimizer="opt_b", updates="b"),
+            )
+        )
+
+
+def test_the_guard_watches_every_beat_and_stops_at_the_faulty_step(digits):
+    from beatloop import Engine, EngineOptions
+    from beatloop.core.batches import as_data_split
+    from beatloop.core.errors import NumericsError
+
+    engine = Engine(
+        TwoBeats(),
+        as_data_split(poisoned(digits, bad_batch=3, key="z")),
+        options=EngineOptions(steps_per_execution=8),
+    )
+    before = engine.bound.models["a"].get_weights()
+    with pytest.raises(NumericsError, match=r"beat 'second' produced a non-finite loss \(nan\)"):
+        engine.fit(1)
+    # The compiled call of 8 steps stopped at the faulty third step: nothing ran after it.
+    assert int(engine.state.step) == 3 and int(engine.state.epoch_batches) == 3
+    assert finite({"a": engine.bound.models["a"]})  # beat 'first' saw clean data
+    assert not np.array_equal(before[0], engine.bound.models["a"].get_weights()[0])
+
+
+def test_rollback_restores_the_last_checkpoint_and_skips_the_offending_batch(digits, tmp_path):
+    import beatloop
+
+    with pytest.warns(RuntimeWarning) as warned:
+        result = beatloop.fit(
+            "supervised",
+            data=poisoned(digits, bad_batch=7),
+            epochs=2,
+            seed=0,
+            run_dir=tmp_path,
+            checkpoint_every=4,
+            on_nan="rollback",
+        )
+    messages = [str(w.message) for w in warned if "rollback" in str(w.message)]
+    # Epoch 1: the fault at step 7 rolls back to step 4, skipping batches 5-7. Epoch 2
+    # (10 steps after step 7): the checkpoint at step 12 is 5 batches in, so batches 6
+    # and 7 are skipped. 20 batches - 5 skipped = 15 steps applied.
+    assert len(messages) == 2
+    assert "restored" in messages[0] and "(step 4) and skipped 3 batch(es)" in messages[0]
+    assert "(step 12) and skipped 2 batch(es)" in messages[1]
+    assert result.steps == 15 and result.epochs == 2
+    assert finite(result.models)
+    assert all(math.isfinite(value) for value in result.history["loss"])
+
+
+def test_rollbacks_are_bounded_and_need_a_run_dir(digits, tmp_path):
+    import beatloop
+    from beatloop.core.errors import ConfigError, NumericsError
+
+    with (
+        pytest.warns(RuntimeWarning, match="rollback 1 of at most 1"),
+        pytest.raises(NumericsError, match=r"already rolled back 1 time\(s\)"),
+    ):
+        beatloop.fit(
+            "supervised",
+            data=poisoned(digits, bad_batch=7),
+            epochs=2,
+            seed=0,
+            run_dir=tmp_path,
+            checkpoint_every=4,
+            on_nan="rollback",
+            max_rollbacks=1,
+        )
+    with pytest.raises(ConfigError, match=r"on_nan='rollback' .* needs a run_dir"):
+        beatloop.fit("supervised", data=poisoned(digits, bad_batch=7), on_nan="rollback")
