@@ -53,3 +53,20 @@ def test_image_mode_style_transfer_has_nothing_to_export(tmp_path):
     result = beatloop.fit("style_transfer", config={"image_size": 16, "steps_per_epoch": 2})
     with pytest.raises(beatloop.BeatloopError, match="no inference model to export"):
         result.export(tmp_path)
+
+
+def test_cli_export_restores_the_run_dir_and_writes_the_classifier(tmp_path, capsys):
+    from beatloop.cli import main
+
+    run_dir = tmp_path / "run"
+    config = {"hidden": 24, "batch_size": 128}
+    result = beatloop.fit("supervised", config=config, epochs=1, seed=2, run_dir=run_dir)
+    assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert f"restored {result.checkpoint} (step {result.steps})" in printed
+    x = np.random.default_rng(0).uniform(size=(7, 64)).astype(np.float32)
+    loaded = tf.saved_model.load(str(tmp_path / "out" / "model"))
+    expected = result.models["model"](x, training=False)
+    np.testing.assert_allclose(loaded.serve(x), expected, rtol=1e-5, atol=1e-6)
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 2
+    assert "holds no readable checkpoint" in capsys.readouterr().err
