@@ -196,3 +196,38 @@ def test_learning_rate_schedules_and_optimizer_state_resume(tmp_path):
         resumed.models["model"].get_weights(), straight.models["model"].get_weights(), strict=True
     ):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_a_run_dir_where_checkpoints_cannot_go_is_refused_before_training(tmp_path):
+    from beatloop.core.errors import CheckpointError
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("a file, not a folder")
+    with pytest.raises(CheckpointError, match=r"cannot create the checkpoint folder .*checkpoints"):
+        small_run(tmp_path, epochs=1)
+    assert (tmp_path / "run" / "checkpoints").read_text() == "a file, not a folder"
+
+
+def test_callback_state_survives_the_checkpoint_round_trip():
+    import keras
+
+    from beatloop import EarlyStopping
+    from beatloop.core.callbacks import Run
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    bound = type("Bound", (), {"models": {"model": model}})()  # all Run.models reads
+    run = Run(None, bound, None, None, 1, 1, None, 0)
+    stopping = EarlyStopping(monitor="val_loss", patience=2)
+    stopping.on_epoch_end(run, 0, {"val_loss": 0.5})
+    best = model.get_weights()
+    stopping.on_epoch_end(run, 1, {"val_loss": 0.7})
+    saved = json.loads(json.dumps(stopping.checkpoint_state()))
+    again = EarlyStopping(monitor="val_loss", patience=2)
+    again.restore_state(saved)
+    assert (again.best, again.best_epoch, again._waited) == (0.5, 0, 1)
+    model.set_weights([w + 1.0 for w in best])
+    again.on_epoch_end(run, 2, {"val_loss": 0.9})  # patience runs out after the resume
+    assert run.stop_training
+    again.on_fit_end(run, {})
+    for got, expected in zip(model.get_weights(), best, strict=True):
+        np.testing.assert_array_equal(got, expected)
