@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         "--callback", action="append", default=[], metavar="NAME", help="a registered callback"
     )
     run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
+    run.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA")
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
 
     export = commands.add_parser(
@@ -169,6 +170,7 @@ def _run(args) -> int:
         max_to_keep=args.max_to_keep,
         on_nan=args.on_nan,
         max_rollbacks=args.max_rollbacks,
+        jit_compile=args.jit_compile,
     )
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")

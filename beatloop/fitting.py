@@ -58,6 +58,7 @@ def fit(
     max_to_keep: int = 3,
     on_nan: str = "raise",
     max_rollbacks: int = 3,
+    jit_compile: bool = False,
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
@@ -67,8 +68,8 @@ def fit(
     (a random seed is drawn and recorded when omitted). ``steps_per_execution`` runs that
     many steps per compiled call; ``steps_per_epoch`` ends epochs after that many steps
     (needed for endless data); ``debug`` runs eagerly and stops at the first non-finite
-    loss or gradient before it is applied. ``progress``: show a progress bar (``None``:
-    only on a terminal).
+    loss or gradient before it is applied; ``jit_compile`` compiles the steps with XLA.
+    ``progress``: show a progress bar (``None``: only on a terminal).
 
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
     ``checkpoint_every`` steps, keeping ``max_to_keep``), and a run dir that already
@@ -91,6 +92,7 @@ def fit(
             max_to_keep=max_to_keep,
             on_nan=on_nan,
             max_rollbacks=max_rollbacks,
+            jit_compile=jit_compile,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(f"invalid engine option: {error}") from None

@@ -55,6 +55,7 @@ class EngineOptions:
     ``max_to_keep``: checkpoints kept on disk. ``on_nan``: what a non-finite loss or
     gradient norm does: ``"raise"`` stops the run, ``"rollback"`` restores the last
     checkpoint and goes on after the offending batch, at most ``max_rollbacks`` times.
+    ``jit_compile``: compile the training and validation steps with XLA.
     """
 
     steps_per_execution: int = attrs.field(
@@ -70,6 +71,7 @@ class EngineOptions:
     max_to_keep: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(1)])
     on_nan: str = attrs.field(default="raise", validator=attrs.validators.in_(ON_NAN))
     max_rollbacks: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(0)])
+    jit_compile: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 class Engine:
@@ -124,6 +126,7 @@ class Engine:
             spec,
             counters=(self.state.stream_batches, self.state.epoch_batches),
             compiled=compiled,
+            jit_compile=options.jit_compile,
         )
         self.validation_loop = None
         if data.validation is not None:
@@ -132,6 +135,7 @@ class Engine:
                 options.steps_per_execution,
                 data.validation.element_spec,
                 compiled=compiled,
+                jit_compile=options.jit_compile,
             )
         steps_per_epoch = _steps_per_epoch(data, options)
         self.callbacks = CallbackList(callbacks)

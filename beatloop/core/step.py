@@ -148,7 +148,7 @@ class CompiledLoop:
     unknown), so a short last batch reuses the same trace. The loop stops early at the
     end of the data or at a step that reports a fault; ``counters`` (variables) advance
     by the number of steps run, inside the same call. ``compiled=False`` runs the same
-    code eagerly, for debugging.
+    code eagerly, for debugging; ``jit_compile=True`` compiles the step with XLA.
     """
 
     def __init__(
@@ -159,7 +159,12 @@ class CompiledLoop:
         *,
         counters: Sequence[tf.Variable] = (),
         compiled: bool = True,
+        jit_compile: bool = False,
     ):
+        if jit_compile and compiled:
+            # XLA compiles the step; the loop around it pulls from the iterator, which
+            # XLA cannot compile. A new batch shape (a short last batch) compiles anew.
+            step_fn = tf.function(step_fn, jit_compile=True)
         self.step_fn = step_fn
         self.steps_per_execution = steps_per_execution
         self.counters = tuple(counters)
