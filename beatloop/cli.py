@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
     run.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA")
+    run.add_argument(
+        "--precision", choices=("float32", "mixed_float16", "mixed_bfloat16"), default="float32"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
 
     export = commands.add_parser(
@@ -171,6 +174,7 @@ def _run(args) -> int:
         on_nan=args.on_nan,
         max_rollbacks=args.max_rollbacks,
         jit_compile=args.jit_compile,
+        precision=args.precision,
     )
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")

@@ -59,6 +59,7 @@ def fit(
     on_nan: str = "raise",
     max_rollbacks: int = 3,
     jit_compile: bool = False,
+    precision: str = "float32",
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
@@ -68,7 +69,9 @@ def fit(
     (a random seed is drawn and recorded when omitted). ``steps_per_execution`` runs that
     many steps per compiled call; ``steps_per_epoch`` ends epochs after that many steps
     (needed for endless data); ``debug`` runs eagerly and stops at the first non-finite
-    loss or gradient before it is applied; ``jit_compile`` compiles the steps with XLA.
+    loss or gradient before it is applied; ``jit_compile`` compiles the steps with XLA;
+    ``precision="mixed_float16"`` (or ``"mixed_bfloat16"``) trains in mixed precision,
+    every optimizer loss-scaled for float16.
     ``progress``: show a progress bar (``None``: only on a terminal).
 
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
@@ -93,6 +96,7 @@ def fit(
             on_nan=on_nan,
             max_rollbacks=max_rollbacks,
             jit_compile=jit_compile,
+            precision=precision,
         )
     except (TypeError, ValueError) as error:
         raise ConfigError(f"invalid engine option: {error}") from None

@@ -43,6 +43,7 @@ from beatloop.core.step import (
 )
 
 ON_NAN = ("raise", "rollback")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 _int = attrs.validators.instance_of(int)
 
 
@@ -55,7 +56,10 @@ class EngineOptions:
     ``max_to_keep``: checkpoints kept on disk. ``on_nan``: what a non-finite loss or
     gradient norm does: ``"raise"`` stops the run, ``"rollback"`` restores the last
     checkpoint and goes on after the offending batch, at most ``max_rollbacks`` times.
-    ``jit_compile``: compile the training and validation steps with XLA.
+    ``jit_compile``: compile the training and validation steps with XLA. ``precision``:
+    ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's models under that
+    Keras policy (float32 variables, half-precision compute; outputs reach the losses
+    as float32), and for float16 wraps every optimizer in loss scaling.
     """
 
     steps_per_execution: int = attrs.field(
@@ -72,6 +76,7 @@ class EngineOptions:
     on_nan: str = attrs.field(default="raise", validator=attrs.validators.in_(ON_NAN))
     max_rollbacks: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(0)])
     jit_compile: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    precision: str = attrs.field(default="float32", validator=attrs.validators.in_(PRECISIONS))
 
 
 class Engine:
@@ -104,9 +109,12 @@ class Engine:
         self.random = tf.random.Generator.from_seed(seed)
         spec = data.train.element_spec
         _check_data(recipe, data, self.label)
-        built_models = _replace(recipe.build_models(spec), models, "model", self.label)
-        _build_unbuilt(recipe, built_models, spec, self.random, self.label)
+        with dtype_policy(options.precision):
+            built_models = _replace(recipe.build_models(spec), models, "model", self.label)
+            _build_unbuilt(recipe, built_models, spec, self.random, self.label)
         built_optimizers = _replace(recipe.build_optimizers(), optimizers, "optimizer", self.label)
+        if options.precision == "mixed_float16":
+            built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
         self.bound: BoundSchedule = _bind(
             recipe, built_models, built_optimizers, spec, self.random, self.label
         )
@@ -171,7 +179,8 @@ class Engine:
     def record(self) -> dict:
         """What a checkpoint of this run must match to be resumed from: recipe, config,
         schedule, every model's variables and the data's batch spec."""
-        return run_record(self.recipe, self.bound, self.data, self.seed)
+        record = run_record(self.recipe, self.bound, self.data, self.seed)
+        return {**record, "precision": self.options.precision}
 
     def fit(self, epochs: int) -> dict[str, float]:
         """Run epochs until ``epochs`` have completed (counting those of a resumed run);
@@ -422,6 +431,26 @@ def run_record(recipe: Recipe, bound: BoundSchedule, data: DataSplit, seed: int)
         },
         "data": {key: str(spec) for key, spec in data.train.element_spec.items()},
     }
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str):
+    """Keras's global dtype policy set to ``name`` while models are built, then put back:
+    layers keep the policy they were built with, and nothing leaks to later code."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def loss_scaled(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """``optimizer`` wrapped in dynamic loss scaling (float16 gradients would underflow
+    without it); an optimizer that already scales is kept as it is."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(optimizer)
 
 
 def identity_record(recipe: Recipe, seed: int) -> dict:

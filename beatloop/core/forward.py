@@ -20,7 +20,8 @@ class ModelCalls(Mapping[str, Callable]):
     """The recipe's models by name, each called in the mode its beat declares.
 
     ``models["generator"](z)`` calls the generator with ``training=True`` if the beat
-    runs it in training mode, else ``training=False``. ``models.raw(name)`` gives the
+    runs it in training mode, else ``training=False``; float16/bfloat16 outputs of a
+    mixed-precision model come back as float32. ``models.raw(name)`` gives the
     model itself (its variables, sub-models). ``models.random`` is the run's
     ``tf.random.Generator``: draw noise from it (``models.random.normal(shape)``) so a
     resumed run draws exactly the numbers the uninterrupted one would have.
@@ -37,7 +38,7 @@ class ModelCalls(Mapping[str, Callable]):
         self._random = random
 
     def __getitem__(self, name: str) -> Callable:
-        return functools.partial(self._models[name], training=name in self._training)
+        return functools.partial(_call_in_float32, self._models[name], name in self._training)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._models)
@@ -62,6 +63,18 @@ class ModelCalls(Mapping[str, Callable]):
                 "a bound beat (BoundBeat.forward) or the engine"
             )
         return self._random
+
+
+_HALF = (tf.float16, tf.bfloat16)
+
+
+def _call_in_float32(model: keras.Layer, training: bool, *args, **kwargs):
+    """Call ``model``; half-precision outputs (a mixed-precision model's) come back as
+    float32, so losses are computed and reduced in float32."""
+    outputs = model(*args, training=training, **kwargs)
+    return tf.nest.map_structure(
+        lambda t: tf.cast(t, tf.float32) if getattr(t, "dtype", None) in _HALF else t, outputs
+    )
 
 
 def split_loss_output(result, beat_name: str) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
+import keras
 import tensorflow as tf
 
 from beatloop.core.batches import leading_dimension
@@ -44,6 +45,7 @@ def make_train_step(
         variables = list(beat.variables)
         outputs: dict[str, tf.Tensor] = {}
         fault, value = _no_fault()
+        scale = loss_scale(beat.optimizer)
         for _ in range(beat.beat.repeat):
             with tf.GradientTape() as tape:
                 loss, outputs = beat.forward(bound.models, batch, random=bound.random)
@@ -51,10 +53,13 @@ def make_train_step(
             grads = tape.gradient(scaled, variables)
             _refuse_missing_gradients(beat, variables, grads)
             if check_numerics:
-                _check_finite(beat, loss, grads, state)
-            fault, value = _first_fault((fault, value), _fault(index, loss, grads))
+                _check_finite(beat, loss, grads, state, scale)
+            # Under loss scaling an overflowing gradient is expected now and then: the
+            # optimizer skips that update and lowers the scale, so only the loss counts.
+            new_fault = _fault(index, loss, None if scale is not None else grads)
+            fault, value = _first_fault((fault, value), new_fault)
             if beat.beat.transform is not None:
-                grads = beat.beat.transform(grads)
+                grads = _transformed(beat.beat.transform, grads, scale)
             beat.optimizer.apply(grads, variables)
             if beat.beat.constraint is not None:
                 for variable in variables:
@@ -88,9 +93,30 @@ def _no_fault() -> tuple[tf.Tensor, tf.Tensor]:
     return tf.constant(0), tf.constant(0.0)
 
 
+def loss_scale(optimizer) -> tf.Variable | None:
+    """The current loss scale of a loss-scaling optimizer, ``None`` for any other."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.dynamic_scale
+    return None
+
+
+def _transformed(transform: Callable, grads, scale) -> list:
+    """Apply a gradient transform (clipping) to true gradients: under loss scaling,
+    unscale first and scale back after (the scale is a power of two: both exact), so
+    the optimizer's own unscaling and overflow check still hold."""
+    if scale is None:
+        return transform(grads)
+    true = [g / tf.cast(scale, g.dtype) for g in grads]
+    return [g * tf.cast(scale, g.dtype) for g in transform(true)]
+
+
 def _fault(index: int, loss: tf.Tensor, grads) -> tuple[tf.Tensor, tf.Tensor]:
-    """(code, value) for one update: 0 if the loss and gradient global norm are finite."""
-    norm = tf.linalg.global_norm([g for g in grads if g is not None])
+    """(code, value) for one update: 0 if the loss and gradient global norm are finite
+    (``grads=None``: the loss alone)."""
+    if grads is None:
+        norm = tf.constant(0.0)
+    else:
+        norm = tf.linalg.global_norm([g for g in grads if g is not None])
     loss_bad = tf.logical_not(tf.math.is_finite(loss))
     norm_bad = tf.logical_not(tf.math.is_finite(norm))
     code = tf.where(loss_bad, 2 * index + 1, tf.where(norm_bad, 2 * index + 2, 0))
@@ -229,14 +255,17 @@ def _refuse_missing_gradients(beat: BoundBeat, variables, grads) -> None:
         )
 
 
-def _check_finite(beat: BoundBeat, loss, grads, state: EngineState) -> None:
-    """Eager-only check (debug mode): stop at the first non-finite loss or gradient norm."""
+def _check_finite(beat: BoundBeat, loss, grads, state: EngineState, scale=None) -> None:
+    """Eager-only check (debug mode): stop at the first non-finite loss or gradient norm
+    (under loss scaling the gradients may overflow: the optimizer skips those)."""
     step = int(state.step)
     value = float(loss)
     if not math.isfinite(value):
         raise NumericsError(
             f"beat {beat.beat.name!r} produced a non-finite loss {value} at step {step}"
         )
+    if scale is not None:
+        return
     norm = float(tf.linalg.global_norm(grads))
     if not math.isfinite(norm):
         raise NumericsError(
