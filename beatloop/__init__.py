@@ -42,6 +42,7 @@ _EXPORTS = {
     "EVENTS": "beatloop.core.callbacks",
     "History": "beatloop.plugins.callbacks",
     "ProgressBar": "beatloop.plugins.callbacks",
+    "TrainingTimer": "beatloop.plugins.callbacks",
     "JsonLinesLogger": "beatloop.plugins.callbacks",
     "CsvLogger": "beatloop.plugins.callbacks",
     "EarlyStopping": "beatloop.plugins.callbacks",

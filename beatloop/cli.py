@@ -1,4 +1,4 @@
-"""The ``beatloop`` command: ``list``, ``show NAME``, ``run NAME``, ``export RUN_DIR OUT``.
+"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``.
 
 TensorFlow is imported only after the log level is set, so start-up noise stays quiet.
 """
@@ -69,6 +69,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
 
+    compare = commands.add_parser(
+        "compare",
+        help="recipes (or configs of one) side by side: speed, memory, losses, quality",
+        description="Run each recipe on its default data for the same number of epochs, "
+        "each in its own process, and print one table; write OUT/compare.json and "
+        "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
+        "n_critic=5 supervised --epochs 3",
+    )
+    compare.add_argument(
+        "entries",
+        nargs=argparse.REMAINDER,
+        metavar="NAME [--set FIELD=VALUE]...",
+        help="recipes; each --set applies to the name before it",
+    )
+    compare.add_argument("--epochs", type=int, default=2)
+    compare.add_argument("--out", type=Path, default=None, help="default runs/compare-TIME")
+    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--repeats", type=int, default=1, help="runs per entry (medians)")
+    compare.add_argument("--steps-per-execution", type=int, default=1, metavar="K")
+
     export = commands.add_parser(
         "export", help="write a run's inference models (from its latest checkpoint) as SavedModels"
     )
@@ -82,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from beatloop.core.errors import BeatloopError, RunInterrupted
 
-    commands = {"list": _list, "show": _show, "run": _run, "export": _export}
+    commands = {"list": _list, "show": _show, "run": _run, "export": _export, "compare": _compare}
     try:
         return commands[args.command](args)
     except BeatloopError as error:
@@ -188,6 +208,45 @@ def _run(args) -> int:
         print(f"checkpoint: {result.checkpoint}")
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
+    return 0
+
+
+def _compare(args) -> int:
+    from beatloop.compare import compare, format_table, parse_entries
+    from beatloop.core.errors import ConfigError
+
+    # Options may also come after the recipe names (argparse leaves them in the list).
+    tokens, options = list(args.entries), {}
+    for flag, kind in (("--epochs", int), ("--out", Path), ("--seed", int), ("--repeats", int)):
+        while flag in tokens:
+            at = tokens.index(flag)
+            if at + 1 >= len(tokens):
+                raise ConfigError(f"{flag} needs a value")
+            options[flag[2:]] = kind(tokens[at + 1])
+            del tokens[at : at + 2]
+    try:
+        entries = parse_entries(tokens)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    from beatloop.plugins.registry import get_recipe
+
+    for entry in entries:
+        get_recipe(entry.recipe)  # an unknown name fails before anything runs
+    epochs = options.get("epochs", args.epochs)
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    out = options.get("out", args.out) or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows = compare(
+        entries,
+        epochs=epochs,
+        out=out,
+        seed=options.get("seed", args.seed),
+        repeats=options.get("repeats", args.repeats),
+        steps_per_execution=args.steps_per_execution,
+    )
+    print()
+    print(format_table(rows))
+    print(f"\nfigures: {out / 'compare.json'}\nloss curves: {out / 'loss_curves.png'}")
     return 0
 
 

@@ -26,12 +26,9 @@ class EpochTimer(beatloop.Callback):
         return per_epoch / statistics.median(self.times[1:])
 
 
-class TrainingTimer(EpochTimer):
-    """Wall time of each epoch's training steps only: from the epoch's start to its last
-    compiled call's end (validation and epoch figures excluded)."""
+class TrainingTimer(beatloop.TrainingTimer):
+    """Training time only (see ``beatloop.TrainingTimer``), with a median rate."""
 
-    def on_execution_end(self, run, steps, logs):
-        self._last = time.perf_counter()
-
-    def on_epoch_end(self, run, epoch, logs):
-        self.times.append(self._last - self._start)
+    def rate(self, per_epoch: float) -> float:
+        """``per_epoch`` per second in the median epoch after the first (which traces)."""
+        return per_epoch / statistics.median(self.epoch_seconds[1:])

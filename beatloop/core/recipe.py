@@ -43,7 +43,7 @@ class Recipe(abc.ABC):
       scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need;
     - ``schedule()``: the :class:`Schedule` of one step.
 
-    Optional: ``batch_keys`` (key -> minimum rank), ``build_metrics()`` and
+    Optional: ``batch_keys`` (key -> minimum rank), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``epoch_figures()``, ``callbacks()``,
     ``inference_models()``.
     """
@@ -51,6 +51,9 @@ class Recipe(abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoConfig
     batch_keys: ClassVar[Mapping[str, int]] = {}
+    #: The logged figure that says how good a run's result is, and whether higher is
+    #: better (``beatloop compare`` puts it in its table); none by default.
+    quality_figure: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config

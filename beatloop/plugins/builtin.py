@@ -23,7 +23,8 @@ def register_callbacks() -> list[type]:
         EarlyStopping,
         JsonLinesLogger,
         ProgressBar,
+        TrainingTimer,
     )
     from beatloop.plugins.tensorboard import TensorBoard
 
-    return [ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard]
+    return [ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard, TrainingTimer]

@@ -35,6 +35,37 @@ class History(Callback):
         self.history = {name: list(values) for name, values in state["history"].items()}
 
 
+class TrainingTimer(Callback):
+    """Time spent training, per epoch: from the epoch's start to its last compiled call's
+    end, so validation, epoch figures and end-of-epoch callbacks are not counted."""
+
+    callback_name = "training_timer"
+
+    def __init__(self):
+        self.epoch_seconds: list[float] = []
+        self.epoch_examples: list[int] = []
+        self.epoch_steps: list[int] = []
+
+    def on_epoch_start(self, run: Run, epoch: int) -> None:
+        self._start = self._last = time.perf_counter()
+        self._examples, self._steps = run.examples, run.step
+
+    def on_execution_end(self, run: Run, steps: int, logs: Mapping[str, float]) -> None:
+        self._last = time.perf_counter()
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        self.epoch_seconds.append(self._last - self._start)
+        self.epoch_examples.append(run.examples - self._examples)
+        self.epoch_steps.append(run.step - self._steps)
+
+    def rates(self) -> tuple[float, float]:
+        """(steps/s, examples/s) over the epochs after the first, whose time includes
+        tracing; over every epoch if there was only one."""
+        start = 1 if len(self.epoch_seconds) > 1 else 0
+        seconds = max(sum(self.epoch_seconds[start:]), 1e-9)
+        return sum(self.epoch_steps[start:]) / seconds, sum(self.epoch_examples[start:]) / seconds
+
+
 def format_logs(logs: Mapping[str, float]) -> str:
     return "  ".join(f"{name} {value:.4g}" for name, value in logs.items())
 

@@ -66,6 +66,7 @@ class Gan(Recipe):
     """Generative adversarial network: discriminator and generator beats (digits)."""
 
     name = "gan"
+    quality_figure = ("sample_score", "max")
     Config = GanConfig
     batch_keys = {"x": 2}
 

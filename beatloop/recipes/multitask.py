@@ -140,6 +140,7 @@ class Multitask(Recipe):
     """Shared backbone, one head per task, fixed/uncertainty/DWA loss weights (digits)."""
 
     name = "multitask"
+    quality_figure = ("val_digit_accuracy", "max")
     Config = MultitaskConfig
 
     @property
