@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--precision", choices=("float32", "mixed_float16", "mixed_bfloat16"), default="float32"
     )
+    run.add_argument(
+        "--strategy",
+        choices=("none", "mirrored", "multi_worker"),
+        default="none",
+        help="mirrored: every local device; multi_worker: the cluster in TF_CONFIG",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
 
     compare = commands.add_parser(
@@ -195,6 +201,7 @@ def _run(args) -> int:
         max_rollbacks=args.max_rollbacks,
         jit_compile=args.jit_compile,
         precision=args.precision,
+        strategy=_strategy(args.strategy),
     )
     if result.resumed_from:
         print(f"resumed from {result.resumed_from}")
@@ -209,6 +216,17 @@ def _run(args) -> int:
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0
+
+
+def _strategy(name: str):
+    """The tf.distribute strategy named on the command line (``None`` for one device)."""
+    if name == "none":
+        return None
+    import tensorflow as tf
+
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.MultiWorkerMirroredStrategy()
 
 
 def _compare(args) -> int:

@@ -60,6 +60,7 @@ def fit(
     max_rollbacks: int = 3,
     jit_compile: bool = False,
     precision: str = "float32",
+    strategy: tf.distribute.Strategy | None = None,
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
@@ -71,7 +72,9 @@ def fit(
     (needed for endless data); ``debug`` runs eagerly and stops at the first non-finite
     loss or gradient before it is applied; ``jit_compile`` compiles the steps with XLA;
     ``precision="mixed_float16"`` (or ``"mixed_bfloat16"``) trains in mixed precision,
-    every optimizer loss-scaled for float16.
+    every optimizer loss-scaled for float16. ``strategy``: any ``tf.distribute``
+    strategy; models, optimizers and metrics are built in its scope, each global batch
+    is split across its replicas, and the losses are averaged over the global batch.
     ``progress``: show a progress bar (``None``: only on a terminal).
 
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
@@ -134,6 +137,7 @@ def fit(
         run_dir=run_path,
         seed=seed,
         label=label,
+        strategy=strategy,
     )
     if run_path is not None:
         engine.resume()

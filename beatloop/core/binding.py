@@ -115,12 +115,14 @@ def bind(
     batch_spec: Mapping[str, tf.TensorSpec] | None = None,
     context: str = "the schedule",
     random: tf.random.Generator | None = None,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
     With ``batch_spec`` given, every beat's loss is traced once on a batch of that spec
     to find claimed variables its loss gives no gradient to. ``random`` is the generator
-    losses draw noise from (a fresh one seeded with 0 if omitted).
+    losses draw noise from (a fresh one seeded with 0 if omitted). With a ``strategy``
+    the probe is traced on its replicas, where distributed variables have gradients.
     """
     if random is None:
         random = tf.random.Generator.from_seed(0)
@@ -180,7 +182,7 @@ def bind(
         ]
         problems.extend(_build_optimizers(bound_beats))
         if batch_spec is not None and not problems:
-            problems.extend(_gradient_problems(bound_beats, models, batch_spec, random))
+            problems.extend(_gradient_problems(bound_beats, models, batch_spec, random, strategy))
     if problems:
         raise ScheduleError(problems, context)
     return BoundSchedule(schedule, tuple(bound_beats), dict(models), dict(optimizers), random)
@@ -225,7 +227,7 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     return problems
 
 
-def _gradient_problems(bound_beats, models, batch_spec, random) -> list[str]:
+def _gradient_problems(bound_beats, models, batch_spec, random, strategy=None) -> list[str]:
     """Trace each beat's loss and gradients (nothing runs) and report None gradients."""
     problems: list[str] = []
 
@@ -243,5 +245,9 @@ def _gradient_problems(bound_beats, models, batch_spec, random) -> list[str]:
                     )
         return tf.constant(0)
 
-    tf.function(probe).get_concrete_function(dict(batch_spec))
-    return problems
+    if strategy is None:
+        tf.function(probe).get_concrete_function(dict(batch_spec))
+    else:  # traced once per replica: the same problems, found twice
+        distributed = lambda batch: strategy.run(probe, args=(batch,))  # noqa: E731
+        tf.function(distributed).get_concrete_function(dict(batch_spec))
+    return list(dict.fromkeys(problems))

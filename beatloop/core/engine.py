@@ -99,28 +99,36 @@ class Engine:
         run_dir: Path | None = None,
         seed: int = 0,
         label: str | None = None,
+        strategy: tf.distribute.Strategy | None = None,
     ):
         self.recipe = recipe
         self.label = label or f"recipe {recipe.name!r}"
         self.data = data
         self.options = options
         self.seed = seed
-        self.state = EngineState()
-        self.random = tf.random.Generator.from_seed(seed)
+        self.strategy = strategy
+        _check_strategy(strategy, options)
+        self.state = EngineState()  # host counters, advanced outside the replicas
         spec = data.train.element_spec
         _check_data(recipe, data, self.label)
-        with dtype_policy(options.precision):
-            built_models = _replace(recipe.build_models(spec), models, "model", self.label)
-            _build_unbuilt(recipe, built_models, spec, self.random, self.label)
-        built_optimizers = _replace(recipe.build_optimizers(), optimizers, "optimizer", self.label)
-        if options.precision == "mixed_float16":
-            built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
-        self.bound: BoundSchedule = _bind(
-            recipe, built_models, built_optimizers, spec, self.random, self.label
-        )
-        beat_names = [b.beat.name for b in self.bound.beats]
-        self.train_metrics = StepMetrics(beat_names, recipe.build_metrics())
-        self.validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
+        with _scope(strategy):
+            self.random = tf.random.Generator.from_seed(seed)
+            with dtype_policy(options.precision):
+                built_models = _replace(recipe.build_models(spec), models, "model", self.label)
+                _build_unbuilt(recipe, built_models, spec, self.random, self.label)
+            built_optimizers = _replace(
+                recipe.build_optimizers(), optimizers, "optimizer", self.label
+            )
+            if options.precision == "mixed_float16":
+                built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
+            self.bound: BoundSchedule = _bind(
+                recipe, built_models, built_optimizers, spec, self.random, self.label, strategy
+            )
+            beat_names = [b.beat.name for b in self.bound.beats]
+            self.train_metrics = StepMetrics(beat_names, recipe.build_metrics())
+            self.validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
+        self._train_data = _distributed(strategy, data.train)
+        self._validation_data = _distributed(strategy, data.validation)
         compiled = not options.debug
         self.train_loop = CompiledLoop(
             make_train_step(
@@ -129,21 +137,29 @@ class Engine:
                 self.train_metrics,
                 recipe.update_metrics,
                 check_numerics=options.debug,
+                strategy=strategy,
             ),
             options.steps_per_execution,
             spec,
             counters=(self.state.stream_batches, self.state.epoch_batches),
             compiled=compiled,
             jit_compile=options.jit_compile,
+            distributed=strategy is not None,
         )
         self.validation_loop = None
         if data.validation is not None:
             self.validation_loop = CompiledLoop(
-                make_validation_step(self.bound, self.validation_metrics, recipe.update_metrics),
+                make_validation_step(
+                    self.bound,
+                    self.validation_metrics,
+                    recipe.update_metrics,
+                    strategy=strategy,
+                ),
                 options.steps_per_execution,
                 data.validation.element_spec,
                 compiled=compiled,
                 jit_compile=options.jit_compile,
+                distributed=strategy is not None,
             )
         steps_per_epoch = _steps_per_epoch(data, options)
         self.callbacks = CallbackList(callbacks)
@@ -253,7 +269,7 @@ class Engine:
         inference mode; touches no trainable variable."""
         self.validation_metrics.reset()
         self.callbacks.fire("validation_start", run)
-        iterator = iter(self.data.validation)
+        iterator = iter(self._validation_data)
         limit = self.options.steps_per_execution
         while _run_compiled(self.validation_loop, iterator, limit, "validation").ran == limit:
             pass
@@ -264,7 +280,7 @@ class Engine:
     # --- the data stream -----------------------------------------------------------------
 
     def _open_stream(self) -> None:
-        self._iterator = iter(self.data.train)
+        self._iterator = iter(self._train_data)
         self.state.streams.assign_add(1)
         self.state.stream_batches.assign(0)
 
@@ -279,10 +295,10 @@ class Engine:
         streams, taken = int(self.state.streams), int(self.state.stream_batches)
         open_stream = taken >= 0 and streams > 0
         for _ in range(streams - 1 if open_stream else streams):
-            iter(self.data.train)
+            iter(self._train_data)
         self._iterator = None
         if open_stream:
-            self._iterator = iter(self.data.train)
+            self._iterator = iter(self._train_data)
             skipped = int(_skip(self._iterator, tf.constant(taken, tf.int64)))
             if skipped != taken:
                 raise DataError(
@@ -433,6 +449,33 @@ def run_record(recipe: Recipe, bound: BoundSchedule, data: DataSplit, seed: int)
     }
 
 
+def _check_strategy(strategy, options: EngineOptions) -> None:
+    if strategy is None:
+        return
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ConfigError(
+            f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
+        )
+    if options.jit_compile or options.debug:
+        raise ConfigError(
+            "a distribution strategy runs compiled steps without XLA: drop "
+            + ("jit_compile" if options.jit_compile else "debug")
+        )
+
+
+def _scope(strategy):
+    """The strategy's scope (variables made in it are mirrored), or no scope at all."""
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+
+def _distributed(strategy, dataset):
+    """A data set split across the strategy's replicas: each global batch is cut into
+    one part per replica."""
+    if strategy is None or dataset is None:
+        return dataset
+    return strategy.experimental_distribute_dataset(dataset)
+
+
 @contextlib.contextmanager
 def dtype_policy(name: str):
     """Keras's global dtype policy set to ``name`` while models are built, then put back:
@@ -557,7 +600,7 @@ def _build_unbuilt(
             raise DataError(_failure(label, name, spec, error)) from None
 
 
-def _bind(recipe, models, optimizers, spec, random, label: str) -> BoundSchedule:
+def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -> BoundSchedule:
     try:
         return bind(
             recipe.schedule(),
@@ -567,6 +610,7 @@ def _bind(recipe, models, optimizers, spec, random, label: str) -> BoundSchedule
             spec,
             context=f"{label}'s schedule",
             random=random,
+            strategy=strategy,
         )
     except BeatloopError:
         raise

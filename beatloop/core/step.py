@@ -18,6 +18,7 @@ import tensorflow as tf
 from beatloop.core.batches import leading_dimension
 from beatloop.core.binding import BoundBeat, BoundSchedule
 from beatloop.core.errors import NumericsError, ScheduleError
+from beatloop.core.replicas import ReplicaRandom, batch_share
 from beatloop.core.state import EngineState, StepMetrics
 
 Batch = Mapping[str, tf.Tensor]
@@ -30,6 +31,7 @@ def make_train_step(
     update_metrics: Callable,
     *,
     check_numerics: bool = False,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
     """Return ``train_step(batch) -> (fault, value)``: every beat in order, then metrics
     and counters.
@@ -39,17 +41,20 @@ def make_train_step(
     Computing it costs one reduction per beat; the engine reads it after the call and
     stops the loop, instead of branching around every update inside the graph.
     ``check_numerics`` (eager debug mode) raises before the bad update is applied.
+    With a ``strategy`` the beats run on every replica (see :mod:`beatloop.core.replicas`)
+    and the counters advance once per step, outside them.
     """
 
-    def run_beat(index: int, beat: BoundBeat, batch: Batch, size: tf.Tensor):
+    def run_beat(index: int, beat: BoundBeat, batch: Batch, size, share, random):
         variables = list(beat.variables)
         outputs: dict[str, tf.Tensor] = {}
         fault, value = _no_fault()
         scale = loss_scale(beat.optimizer)
         for _ in range(beat.beat.repeat):
             with tf.GradientTape() as tape:
-                loss, outputs = beat.forward(bound.models, batch, random=bound.random)
-                scaled = beat.optimizer.scale_loss(loss)
+                loss, outputs = beat.forward(bound.models, batch, random=random)
+                weighted = loss if share is None else loss * share.weight
+                scaled = beat.optimizer.scale_loss(weighted)
             grads = tape.gradient(scaled, variables)
             _refuse_missing_gradients(beat, variables, grads)
             if check_numerics:
@@ -67,26 +72,48 @@ def make_train_step(
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
         return outputs, fault, value
 
-    def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+    def replica_step(batch: Batch):
         size = leading_dimension(batch)
+        share = None if strategy is None else batch_share(size)
+        random = bound.random if share is None else ReplicaRandom(bound.random, share)
         outputs = {}
         found = _no_fault()
         for index, beat in enumerate(bound.beats):
             if beat.beat.every == 1:
-                outputs[beat.beat.name], *faults = run_beat(index, beat, batch, size)
+                outputs[beat.beat.name], *faults = run_beat(index, beat, batch, size, share, random)
             else:
                 faults = tf.cond(
                     tf.equal(state.step % beat.beat.every, 0),
-                    lambda index=index, beat=beat: run_beat(index, beat, batch, size)[1:],
+                    lambda index=index, beat=beat: run_beat(
+                        index, beat, batch, size, share, random
+                    )[1:],
                     _no_fault,
                 )
             found = _first_fault(found, tuple(faults))
         update_metrics(metrics.metrics, batch, outputs)
+        return (*found, size)
+
+    def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
+        fault, value, size = _on_replicas(strategy, replica_step, batch, 2 * len(bound.beats) + 1)
         state.step.assign_add(1)
         state.examples.assign_add(size)
-        return found
+        return fault, value
 
     return train_step
+
+
+def _on_replicas(strategy, replica_step: Callable, batch, codes: int) -> tuple:
+    """Run ``replica_step`` on one device, or on every replica and reduce its
+    ``(fault, value, size)``: the first fault code any replica saw (``codes`` is how
+    many there are), the summed values (a NaN or inf anywhere stays) and sizes."""
+    if strategy is None:
+        return replica_step(batch)
+    fault, value, size = strategy.run(replica_step, args=(batch,))
+    total = lambda x: strategy.reduce(tf.distribute.ReduceOp.SUM, x, axis=None)  # noqa: E731
+    # Reductions only sum or average: count each code over replicas, take the first seen.
+    seen = total(strategy.run(lambda f: tf.one_hot(f, codes, dtype=tf.int32), args=(fault,)))
+    first = tf.argmax(tf.cast(seen[1:] > 0, tf.int32), output_type=tf.int32) + 1
+    return tf.where(tf.reduce_any(seen[1:] > 0), first, 0), total(value), total(size)
 
 
 def _no_fault() -> tuple[tf.Tensor, tf.Tensor]:
@@ -136,20 +163,31 @@ def describe_fault(bound: BoundSchedule, code: int, value: float) -> str:
 
 
 def make_validation_step(
-    bound: BoundSchedule, metrics: StepMetrics, update_metrics: Callable
+    bound: BoundSchedule,
+    metrics: StepMetrics,
+    update_metrics: Callable,
+    *,
+    strategy: tf.distribute.Strategy | None = None,
 ) -> Callable[[Batch], None]:
     """Return ``validation_step(batch)``: every beat's loss with all models in inference
     mode; no gradient, no update, no counter moves."""
 
-    def validation_step(batch: Batch) -> None:
+    def replica_step(batch: Batch):
         size = leading_dimension(batch)
+        random = bound.random
+        if strategy is not None:
+            random = ReplicaRandom(bound.random, batch_share(size))
         outputs = {}
         for beat in bound.beats:
             loss, outputs[beat.beat.name] = beat.forward(
-                bound.models, batch, training=False, random=bound.random
+                bound.models, batch, training=False, random=random
             )
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
         update_metrics(metrics.metrics, batch, outputs)
+        return (*_no_fault(), size)
+
+    def validation_step(batch: Batch) -> None:
+        _on_replicas(strategy, replica_step, batch, 1)
 
     return validation_step
 
@@ -174,7 +212,8 @@ class CompiledLoop:
     unknown), so a short last batch reuses the same trace. The loop stops early at the
     end of the data or at a step that reports a fault; ``counters`` (variables) advance
     by the number of steps run, inside the same call. ``compiled=False`` runs the same
-    code eagerly, for debugging; ``jit_compile=True`` compiles the step with XLA.
+    code eagerly, for debugging; ``jit_compile=True`` compiles the step with XLA;
+    ``distributed=True`` takes iterators of a distributed data set.
     """
 
     def __init__(
@@ -186,6 +225,7 @@ class CompiledLoop:
         counters: Sequence[tf.Variable] = (),
         compiled: bool = True,
         jit_compile: bool = False,
+        distributed: bool = False,
     ):
         if jit_compile and compiled:
             # XLA compiles the step; the loop around it pulls from the iterator, which
@@ -196,7 +236,10 @@ class CompiledLoop:
         self.counters = tuple(counters)
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
-        if compiled:
+        if compiled and distributed:
+            # A distributed iterator's spec is known once it exists: traced on first call.
+            self._call = tf.function(self._loop)
+        elif compiled:
             # Traced once, here, for the data set's spec. Calling the concrete function
             # skips tf.function's per-call argument matching (~0.3 ms a call on a CPU,
             # a quarter of a small step), and it cannot retrace by construction.

@@ -91,9 +91,14 @@ class Supervised(Recipe):
 
     def cross_entropy(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         logits = models["model"](batch["x"])
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
-            batch["y"], logits, sample_weight=batch.get("sample_weight")
-        )
+        # The functional loss, reduced here as Keras's "sum_over_batch_size" does: a Loss
+        # object would also divide by the replica count under a distribution strategy,
+        # where the engine already weights each replica's mean by its share.
+        values = keras.losses.sparse_categorical_crossentropy(batch["y"], logits, from_logits=True)
+        weight = batch.get("sample_weight")
+        if weight is not None:
+            values = values * tf.cast(tf.reshape(weight, tf.shape(values)), values.dtype)
+        loss = tf.math.divide_no_nan(tf.reduce_sum(values), tf.cast(tf.size(values), values.dtype))
         return {"loss": loss, "logits": logits}
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
