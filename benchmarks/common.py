@@ -32,3 +32,73 @@ class TrainingTimer(beatloop.TrainingTimer):
     def rate(self, per_epoch: float) -> float:
         """``per_epoch`` per second in the median epoch after the first (which traces)."""
         return per_epoch / statistics.median(self.epoch_seconds[1:])
+
+
+# --- beatloop against a hand-written loop doing the same updates --------------------------
+
+
+def handwritten_epochs(step, data, metrics, epochs: int, steps_per_call: int | None) -> list:
+    """Epoch times of a hand-written loop: a compiled ``step(batch)`` called per batch
+    (``steps_per_call=None``) or ``steps_per_call`` steps per compiled call; metrics
+    reset each epoch and read at its end, as fit does."""
+    import tensorflow as tf
+
+    if steps_per_call is None:
+        compiled = tf.function(step)
+
+        def run_epoch():
+            for batch in data:
+                compiled(batch)
+
+    else:
+
+        @tf.function
+        def run_steps(iterator):
+            count = tf.constant(0)
+            for _ in tf.range(steps_per_call):
+                batch = iterator.get_next_as_optional()
+                if not batch.has_value():
+                    break
+                step(batch.get_value())
+                count += 1
+            return count
+
+        def run_epoch():
+            iterator = iter(data)
+            while int(run_steps(iterator)) == steps_per_call:
+                pass
+
+    times = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for metric in metrics.values():
+            metric.reset_state()
+        run_epoch()
+        _ = {name: float(m.result()) for name, m in metrics.items()}
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def race(loops: dict, steps: int, repeats: int, epochs: int, log) -> dict[str, float]:
+    """Steps/s of each loop (its fastest epoch after the first), median over repeats
+    whose order rotates so machine noise spreads evenly."""
+    rates: dict[str, list[float]] = {name: [] for name in loops}
+    names = list(loops)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            rate = steps / min(loops[name](epochs)[1:])
+            rates[name].append(rate)
+            log(f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.0f} steps/s")
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def print_race(title: str, median: dict[str, float], pairs: list, target: float) -> None:
+    """The medians, then ours/theirs for each (ours, theirs) pair against the target."""
+    print(f"\n{title}")
+    for name, value in median.items():
+        print(f"{name:<44} {value:10,.0f}")
+    print(f"\n{'ratio':<44} {'value':>10}  target")
+    for ours, theirs in pairs:
+        ratio = median[ours] / median[theirs]
+        verdict = "ok" if ratio >= target else "--"
+        print(f"{ours + ' / hand-written':<44} {ratio:9.2f}x  >= {target} {verdict}")

@@ -17,13 +17,12 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
-import statistics
+import functools
 import sys
-import time
 
 import keras
 import tensorflow as tf
-from common import EpochTimer
+from common import EpochTimer, handwritten_epochs, print_race, race
 
 import beatloop
 from beatloop.data import digits_arrays
@@ -123,40 +122,7 @@ def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float
     g_opt.build(generator.trainable_variables)
     metrics = {name: keras.metrics.Mean(name) for name in ("d_loss", "g_loss", "d_real", "d_fake")}
     step = make_handwritten_step(generator, discriminator, d_opt, g_opt, metrics)
-    if steps_per_call is None:
-        compiled = tf.function(step)
-
-        def run_epoch():
-            for batch in data:
-                compiled(batch)
-
-    else:
-
-        @tf.function
-        def run_steps(iterator):
-            count = tf.constant(0)
-            for _ in tf.range(steps_per_call):
-                batch = iterator.get_next_as_optional()
-                if not batch.has_value():
-                    break
-                step(batch.get_value())
-                count += 1
-            return count
-
-        def run_epoch():
-            iterator = iter(data)
-            while int(run_steps(iterator)) == steps_per_call:
-                pass
-
-    times = []
-    for _ in range(epochs):
-        start = time.perf_counter()
-        for metric in metrics.values():
-            metric.reset_state()
-        run_epoch()
-        _ = {name: float(m.result()) for name, m in metrics.items()}  # read, as fit does
-        times.append(time.perf_counter() - start)
-    return times
+    return handwritten_epochs(step, data, metrics, epochs, steps_per_call)
 
 
 LOOPS = {
@@ -180,30 +146,11 @@ def main(argv=None) -> int:
     repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
     data = make_data()
     steps = int(data.cardinality())
-    rates: dict[str, list[float]] = {name: [] for name in LOOPS}
+    loops = {name: functools.partial(loop, data) for name, loop in LOOPS.items()}
+    median = race(loops, steps, repeats, epochs, lambda line: print(line, file=sys.stderr))
     names = list(LOOPS)
-    for repeat in range(repeats):
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            rate = steps / min(LOOPS[name](data, epochs)[1:])
-            rates[name].append(rate)
-            print(
-                f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.0f} steps/s", file=sys.stderr
-            )
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"\nGAN steps/s (batch {BATCH}, {steps} steps/epoch), median of {repeats} repeat(s)")
-    for name, value in median.items():
-        print(f"{name:<44} {value:10,.0f}")
-    print(f"\n{'ratio':<44} {'value':>10}  target")
-    for k in ("1", str(MULTI_STEP)):
-        ours = median[f"beatloop gan, spe={k}"]
-        theirs = median[
-            "hand-written two-tape step, per batch"
-            if k == "1"
-            else f"hand-written two-tape, {MULTI_STEP} steps/call"
-        ]
-        ratio = ours / theirs
-        verdict = "ok" if ratio >= TARGET else "--"
-        print(f"{'beatloop spe=' + k + ' / hand-written':<44} {ratio:9.2f}x  >= {TARGET} {verdict}")
+    title = f"GAN steps/s (batch {BATCH}, {steps} steps/epoch), median of {repeats} repeat(s)"
+    print_race(title, median, [(names[0], names[2]), (names[1], names[3])], TARGET)
     best = max(median[n] for n in names[:2]) / max(median[n] for n in names[2:])
     print(f"{'beatloop best / fastest hand-written':<44} {best:9.2f}x  >= {TARGET}")
     return 0
