@@ -37,7 +37,7 @@ from beatloop.core.state import EngineState, StepMetrics
 from beatloop.core.step import (
     CompiledLoop,
     LoopResult,
-    describe_fault,
+    describe_checks,
     make_train_step,
     make_validation_step,
 )
@@ -141,6 +141,7 @@ class Engine:
             ),
             options.steps_per_execution,
             spec,
+            checks=len(self.bound.beats),
             counters=(self.state.stream_batches, self.state.epoch_batches),
             compiled=compiled,
             jit_compile=options.jit_compile,
@@ -235,7 +236,7 @@ class Engine:
                 limit = min(limit, target - done)
             self.callbacks.fire("execution_start", run)
             result = _run_compiled(self.train_loop, self._iterator, limit, "training")
-            if result.fault:
+            if result.faulted:
                 self._on_fault(result)
                 done = int(state.epoch_batches)
                 continue
@@ -345,7 +346,7 @@ class Engine:
         """A step reported a non-finite loss or gradient norm: stop, or roll back."""
         state = self.state
         where = f"at step {int(state.step)} (epoch {int(state.epoch) + 1})"
-        problem = f"{describe_fault(self.bound, result.fault, result.value)} {where}"
+        problem = f"{describe_checks(self.bound, result.checks)} {where}"
         can_roll_back = self.options.on_nan == "rollback" and self.checkpoints is not None
         if can_roll_back and self._rollbacks < self.options.max_rollbacks:
             self._rollbacks += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import keras
@@ -32,24 +33,26 @@ def make_train_step(
     *,
     check_numerics: bool = False,
     strategy: tf.distribute.Strategy | None = None,
-) -> Callable[[Batch], tuple[tf.Tensor, tf.Tensor]]:
-    """Return ``train_step(batch) -> (fault, value)``: every beat in order, then metrics
-    and counters.
+) -> Callable[[Batch], tf.Tensor]:
+    """Return ``train_step(batch) -> checks``: every beat in order, then metrics and
+    counters.
 
-    ``fault`` is 0 when every beat's loss and gradient global norm were finite, else a
-    code for the first that was not (see :func:`describe_fault`) with the bad ``value``.
-    Computing it costs one reduction per beat; the engine reads it after the call and
-    stops the loop, instead of branching around every update inside the graph.
-    ``check_numerics`` (eager debug mode) raises before the bad update is applied.
-    With a ``strategy`` the beats run on every replica (see :mod:`beatloop.core.replicas`)
-    and the counters advance once per step, outside them.
+    ``checks`` is a float32 ``[beats, 2]`` tensor: per beat, its loss and the sum of
+    squares of its gradients (summed over a beat's repeats; zero for a beat that did not
+    run). All finite means all is well; the compiled loop tests that with one reduction
+    per step and stops at the first step that fails, and the engine reads which beat
+    and which value (see :func:`describe_checks`), instead of branching around every
+    update inside the graph. ``check_numerics`` (eager debug mode) raises before the bad
+    update is applied. With a ``strategy`` the beats run on every replica (see
+    :mod:`beatloop.core.replicas`), their checks are summed over replicas, and the
+    counters advance once per step, outside them.
     """
 
-    def run_beat(index: int, beat: BoundBeat, batch: Batch, size, share, random):
+    def run_beat(beat: BoundBeat, batch: Batch, size, share, random):
         variables = list(beat.variables)
         outputs: dict[str, tf.Tensor] = {}
-        fault, value = _no_fault()
         scale = loss_scale(beat.optimizer)
+        losses, squares = [], []
         for _ in range(beat.beat.repeat):
             with tf.GradientTape() as tape:
                 loss, outputs = beat.forward(bound.models, batch, random=random)
@@ -59,10 +62,11 @@ def make_train_step(
             _refuse_missing_gradients(beat, variables, grads)
             if check_numerics:
                 _check_finite(beat, loss, grads, state, scale)
+            losses.append(loss)
             # Under loss scaling an overflowing gradient is expected now and then: the
             # optimizer skips that update and lowers the scale, so only the loss counts.
-            new_fault = _fault(index, loss, None if scale is not None else grads)
-            fault, value = _first_fault((fault, value), new_fault)
+            if scale is None:
+                squares.extend(tf.reduce_sum(tf.square(g)) for g in grads if g is not None)
             if beat.beat.transform is not None:
                 grads = _transformed(beat.beat.transform, grads, scale)
             beat.optimizer.apply(grads, variables)
@@ -70,54 +74,61 @@ def make_train_step(
                 for variable in variables:
                     variable.assign(beat.beat.constraint(variable))
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
-        return outputs, fault, value
+        checks = tf.stack([tf.add_n(losses), tf.add_n(squares) if squares else 0.0])
+        return outputs, checks
 
     def replica_step(batch: Batch):
         size = leading_dimension(batch)
         share = None if strategy is None else batch_share(size)
         random = bound.random if share is None else ReplicaRandom(bound.random, share)
-        outputs = {}
-        found = _no_fault()
-        for index, beat in enumerate(bound.beats):
+        outputs, checks = {}, []
+        for beat in bound.beats:
             if beat.beat.every == 1:
-                outputs[beat.beat.name], *faults = run_beat(index, beat, batch, size, share, random)
+                outputs[beat.beat.name], beat_checks = run_beat(beat, batch, size, share, random)
             else:
-                faults = tf.cond(
+                beat_checks = tf.cond(
                     tf.equal(state.step % beat.beat.every, 0),
-                    lambda index=index, beat=beat: run_beat(
-                        index, beat, batch, size, share, random
-                    )[1:],
-                    _no_fault,
+                    lambda beat=beat: run_beat(beat, batch, size, share, random)[1],
+                    lambda: tf.zeros([2]),
                 )
-            found = _first_fault(found, tuple(faults))
+            checks.append(beat_checks)
         update_metrics(metrics.metrics, batch, outputs)
-        return (*found, size)
+        return tf.stack(checks), size
 
-    def train_step(batch: Batch) -> tuple[tf.Tensor, tf.Tensor]:
-        fault, value, size = _on_replicas(strategy, replica_step, batch, 2 * len(bound.beats) + 1)
+    def train_step(batch: Batch) -> tf.Tensor:
+        checks, size = _on_replicas(strategy, replica_step, batch)
         state.step.assign_add(1)
         state.examples.assign_add(size)
-        return fault, value
+        return checks
 
     return train_step
 
 
-def _on_replicas(strategy, replica_step: Callable, batch, codes: int) -> tuple:
-    """Run ``replica_step`` on one device, or on every replica and reduce its
-    ``(fault, value, size)``: the first fault code any replica saw (``codes`` is how
-    many there are), the summed values (a NaN or inf anywhere stays) and sizes."""
+def _on_replicas(strategy, replica_step: Callable, batch) -> tuple:
+    """Run ``replica_step`` on one device, or on every replica and sum what it returns
+    (the sizes; the checks, where a NaN or inf on any replica stays)."""
     if strategy is None:
         return replica_step(batch)
-    fault, value, size = strategy.run(replica_step, args=(batch,))
-    total = lambda x: strategy.reduce(tf.distribute.ReduceOp.SUM, x, axis=None)  # noqa: E731
-    # Reductions only sum or average: count each code over replicas, take the first seen.
-    seen = total(strategy.run(lambda f: tf.one_hot(f, codes, dtype=tf.int32), args=(fault,)))
-    first = tf.argmax(tf.cast(seen[1:] > 0, tf.int32), output_type=tf.int32) + 1
-    return tf.where(tf.reduce_any(seen[1:] > 0), first, 0), total(value), total(size)
+    per_replica = strategy.run(replica_step, args=(batch,))
+    return tuple(
+        strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) for value in per_replica
+    )
 
 
-def _no_fault() -> tuple[tf.Tensor, tf.Tensor]:
-    return tf.constant(0), tf.constant(0.0)
+def describe_checks(bound: BoundSchedule, checks) -> str:
+    """Words for the first non-finite entry of a step's checks (see make_train_step)."""
+    for row, bound_beat in zip(checks, bound.beats, strict=True):
+        beat, repeats = bound_beat.beat, bound_beat.beat.repeat
+        summed = f" (summed over its {repeats} repeats)" if repeats > 1 else ""
+        if not math.isfinite(float(row[0])):
+            return f"beat {beat.name!r} produced a non-finite loss ({float(row[0])}){summed}"
+    for row, bound_beat in zip(checks, bound.beats, strict=True):
+        if not math.isfinite(float(row[1])):
+            norm = math.sqrt(float(row[1])) if float(row[1]) >= 0 else float("nan")
+            return (
+                f"beat {bound_beat.beat.name!r} produced a non-finite gradient global norm ({norm})"
+            )
+    return "no non-finite value"
 
 
 def loss_scale(optimizer) -> tf.Variable | None:
@@ -135,31 +146,6 @@ def _transformed(transform: Callable, grads, scale) -> list:
         return transform(grads)
     true = [g / tf.cast(scale, g.dtype) for g in grads]
     return [g * tf.cast(scale, g.dtype) for g in transform(true)]
-
-
-def _fault(index: int, loss: tf.Tensor, grads) -> tuple[tf.Tensor, tf.Tensor]:
-    """(code, value) for one update: 0 if the loss and gradient global norm are finite
-    (``grads=None``: the loss alone)."""
-    if grads is None:
-        norm = tf.constant(0.0)
-    else:
-        norm = tf.linalg.global_norm([g for g in grads if g is not None])
-    loss_bad = tf.logical_not(tf.math.is_finite(loss))
-    norm_bad = tf.logical_not(tf.math.is_finite(norm))
-    code = tf.where(loss_bad, 2 * index + 1, tf.where(norm_bad, 2 * index + 2, 0))
-    return code, tf.where(loss_bad, loss, norm)
-
-
-def _first_fault(found, new) -> tuple[tf.Tensor, tf.Tensor]:
-    keep = tf.not_equal(found[0], 0)
-    return tf.where(keep, found[0], new[0]), tf.where(keep, found[1], new[1])
-
-
-def describe_fault(bound: BoundSchedule, code: int, value: float) -> str:
-    """Words for a fault code of :func:`make_train_step`."""
-    beat = bound.beats[(code - 1) // 2].beat.name
-    what = "loss" if code % 2 == 1 else "gradient global norm"
-    return f"beat {beat!r} produced a non-finite {what} ({value})"
 
 
 def make_validation_step(
@@ -184,25 +170,25 @@ def make_validation_step(
             )
             metrics.losses[beat.beat.name].update_state(loss, sample_weight=size)
         update_metrics(metrics.metrics, batch, outputs)
-        return (*_no_fault(), size)
+        return (size,)
 
     def validation_step(batch: Batch) -> None:
-        _on_replicas(strategy, replica_step, batch, 1)
+        _on_replicas(strategy, replica_step, batch)
 
     return validation_step
 
 
-_FAULT_SHIFT = 1 << 20  # steps per call stay below this; fault codes ride above it
+_FAULT_SHIFT = 1 << 20  # steps per call stay below this; the fault flag rides above it
 
 
 @attrs.frozen
 class LoopResult:
     """What one compiled call did: ``ran`` steps (fewer than asked means the data ended
-    or a step faulted), and the fault code and value of the step that stopped it."""
+    or a step faulted); for a faulted step, its ``checks`` (see make_train_step)."""
 
     ran: int
-    fault: int = 0
-    value: float = 0.0
+    faulted: bool = False
+    checks: Any = None
 
 
 class CompiledLoop:
@@ -210,18 +196,21 @@ class CompiledLoop:
 
     Compiled once, on construction, for the data set's element spec (batch dimension
     unknown), so a short last batch reuses the same trace. The loop stops early at the
-    end of the data or at a step that reports a fault; ``counters`` (variables) advance
-    by the number of steps run, inside the same call. ``compiled=False`` runs the same
-    code eagerly, for debugging; ``jit_compile=True`` compiles the step with XLA;
-    ``distributed=True`` takes iterators of a distributed data set.
+    end of the data or at a step whose ``checks`` (a ``[checks, 2]`` tensor the step
+    returns; none for a step that returns nothing) are not all finite; ``counters``
+    (variables) advance by the number of steps run, inside the same call.
+    ``compiled=False`` runs the same code eagerly, for debugging; ``jit_compile=True``
+    compiles the step with XLA; ``distributed=True`` takes iterators of a distributed
+    data set.
     """
 
     def __init__(
         self,
-        step_fn: Callable[[Batch], tuple[tf.Tensor, tf.Tensor] | None],
+        step_fn: Callable[[Batch], tf.Tensor | None],
         steps_per_execution: int,
         element_spec: Mapping[str, tf.TensorSpec],
         *,
+        checks: int = 0,
         counters: Sequence[tf.Variable] = (),
         compiled: bool = True,
         jit_compile: bool = False,
@@ -233,6 +222,7 @@ class CompiledLoop:
             step_fn = tf.function(step_fn, jit_compile=True)
         self.step_fn = step_fn
         self.steps_per_execution = steps_per_execution
+        self.checks = checks
         self.counters = tuple(counters)
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
@@ -251,43 +241,47 @@ class CompiledLoop:
         else:
             self._call = self._loop
 
-    def _step(self, batch) -> tuple[tf.Tensor, tf.Tensor]:
-        result = self.step_fn(batch)
-        return _no_fault() if result is None else result
+    def _step(self, batch) -> tf.Tensor:
+        checks = self.step_fn(batch)
+        return tf.zeros([self.checks, 2]) if checks is None else checks
 
     def _loop(self, iterator, limit: tf.Tensor):
         self.trace_count += 1
 
-        def more(count, next_batch, fault, _value):
-            return tf.logical_and(
-                tf.logical_and(count < limit, next_batch.has_value()), tf.equal(fault, 0)
-            )
+        def more(count, next_batch, ok, _checks):
+            return tf.logical_and(tf.logical_and(count < limit, next_batch.has_value()), ok)
 
-        def body(count, next_batch, _fault, _value):
-            fault, value = self._step(next_batch.get_value())
+        def body(count, next_batch, _ok, _checks):
+            checks = self._step(next_batch.get_value())
+            ok = tf.reduce_all(tf.math.is_finite(checks))
             # Fetch only if another step follows, so no batch is pulled and dropped.
             following = tf.cond(
-                tf.logical_and(count + 1 < limit, tf.equal(fault, 0)),
+                tf.logical_and(count + 1 < limit, ok),
                 iterator.get_next_as_optional,
                 lambda: next_batch,
             )
-            return count + 1, following, fault, value
+            return count + 1, following, ok, checks
 
-        start = (tf.constant(0), iterator.get_next_as_optional(), *_no_fault())
-        count, _, fault, value = tf.while_loop(more, body, start)
+        start = (
+            tf.constant(0),
+            iterator.get_next_as_optional(),
+            tf.constant(True),
+            tf.zeros([self.checks, 2]),
+        )
+        count, _, ok, checks = tf.while_loop(more, body, start)
         for counter in self.counters:
             counter.assign_add(tf.cast(count, counter.dtype))
         # One integer for the caller to read (each tensor read costs microseconds).
-        return count + fault * _FAULT_SHIFT, value
+        return count + (1 - tf.cast(ok, tf.int32)) * _FAULT_SHIFT, checks
 
     def __call__(self, iterator, limit: int | None = None) -> LoopResult:
         """Run up to ``limit`` (at most K) steps and say how many ran and why it stopped."""
         limit = self.steps_per_execution if limit is None else min(limit, self.steps_per_execution)
         if limit not in self._limits:
             self._limits[limit] = tf.constant(limit, tf.int32)
-        status, value = self._call(iterator, self._limits[limit])
-        fault, count = divmod(int(status), _FAULT_SHIFT)
-        return LoopResult(count, fault, float(value) if fault else 0.0)
+        status, checks = self._call(iterator, self._limits[limit])
+        faulted, count = divmod(int(status), _FAULT_SHIFT)
+        return LoopResult(count, bool(faulted), checks.numpy() if faulted else None)
 
 
 def _refuse_missing_gradients(beat: BoundBeat, variables, grads) -> None:
