@@ -50,14 +50,19 @@ class StepMetrics:
         self.prefix = prefix
         self.losses = {name: keras.metrics.Mean(name=prefix + name) for name in beat_names}
         self.metrics = dict(metrics)
+        self._named: dict[str, keras.metrics.Metric] | None = None
 
     def reset(self) -> None:
         for metric in (*self.losses.values(), *self.metrics.values()):
             metric.reset_state()
 
     def named(self) -> dict[str, keras.metrics.Metric]:
-        """Every metric under its logged name (``prefix`` + name)."""
-        return {self.prefix + name: m for name, m in (*self.losses.items(), *self.metrics.items())}
+        """Every metric under its logged name (``prefix`` + name); built once, as the
+        engine asks for it after every compiled call."""
+        if self._named is None:
+            pairs = (*self.losses.items(), *self.metrics.items())
+            self._named = {self.prefix + name: metric for name, metric in pairs}
+        return self._named
 
     def variables(self) -> list:
         """Every metric's state variables, for checkpoints (Keras 3 metrics are not
