@@ -102,3 +102,27 @@ def print_race(title: str, median: dict[str, float], pairs: list, target: float)
         ratio = median[ours] / median[theirs]
         verdict = "ok" if ratio >= target else "--"
         print(f"{ours + ' / hand-written':<44} {ratio:9.2f}x  >= {target} {verdict}")
+
+
+def race_main(argv, description: str, make_data, loops: dict, what: str, target: float):
+    """The command line of a beatloop-vs-hand-written race: ``loops`` maps names to
+    ``loop(data, epochs) -> epoch times``, the first two beatloop's (spe=1, spe=K), the
+    next two the hand-written ones in the same order. Returns the medians."""
+    import argparse
+    import functools
+    import sys
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
+    args = parser.parse_args(argv)
+    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
+    data = make_data()
+    steps = int(data.cardinality())
+    bound = {name: functools.partial(loop, data) for name, loop in loops.items()}
+    median = race(bound, steps, repeats, epochs, lambda line: print(line, file=sys.stderr))
+    names = list(loops)
+    title = f"{what} steps/s ({steps} steps/epoch), median of {repeats} repeat(s)"
+    print_race(title, median, [(names[0], names[2]), (names[1], names[3])], target)
+    return median

@@ -16,13 +16,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import argparse
-import functools
 import sys
 
 import keras
 import tensorflow as tf
-from common import EpochTimer, handwritten_epochs, print_race, race
+from common import EpochTimer, handwritten_epochs, race_main
 
 import beatloop
 from beatloop.data import digits_arrays
@@ -138,19 +136,8 @@ LOOPS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
-    args = parser.parse_args(argv)
-    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
-    data = make_data()
-    steps = int(data.cardinality())
-    loops = {name: functools.partial(loop, data) for name, loop in LOOPS.items()}
-    median = race(loops, steps, repeats, epochs, lambda line: print(line, file=sys.stderr))
+    median = race_main(argv, __doc__.splitlines()[0], make_data, LOOPS, "GAN", TARGET)
     names = list(LOOPS)
-    title = f"GAN steps/s (batch {BATCH}, {steps} steps/epoch), median of {repeats} repeat(s)"
-    print_race(title, median, [(names[0], names[2]), (names[1], names[3])], TARGET)
     best = max(median[n] for n in names[:2]) / max(median[n] for n in names[2:])
     print(f"{'beatloop best / fastest hand-written':<44} {best:9.2f}x  >= {TARGET}")
     return 0

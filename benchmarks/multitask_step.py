@@ -17,13 +17,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import argparse
-import functools
 import sys
 
 import keras
 import tensorflow as tf
-from common import EpochTimer, handwritten_epochs, print_race, race
+from common import EpochTimer, handwritten_epochs, race_main
 
 import beatloop
 from beatloop.data import digits_arrays
@@ -123,19 +121,7 @@ LOOPS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
-    args = parser.parse_args(argv)
-    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
-    data = make_data()
-    steps = int(data.cardinality())
-    loops = {name: functools.partial(loop, data) for name, loop in LOOPS.items()}
-    median = race(loops, steps, repeats, epochs, lambda line: print(line, file=sys.stderr))
-    names = list(LOOPS)
-    title = f"multitask steps/s (batch {BATCH}, {steps} steps/epoch), median of {repeats}"
-    print_race(title, median, [(names[0], names[2]), (names[1], names[3])], TARGET)
+    race_main(argv, __doc__.splitlines()[0], make_data, LOOPS, "multitask", TARGET)
     return 0
 
 
