@@ -26,6 +26,22 @@ class EpochTimer(beatloop.Callback):
         return per_epoch / statistics.median(self.times[1:])
 
 
+def timed_fit(recipe, data, epochs: int, steps_per_execution: int, **parts) -> list[float]:
+    """Epoch times of one quiet, seeded ``beatloop.fit`` (``parts``: models, optimizers)."""
+    timer = EpochTimer()
+    beatloop.fit(
+        recipe,
+        data=data,
+        epochs=epochs,
+        seed=0,
+        steps_per_execution=steps_per_execution,
+        progress=False,
+        callbacks=[timer],
+        **parts,
+    )
+    return timer.times
+
+
 class TrainingTimer(beatloop.TrainingTimer):
     """Training time only (see ``beatloop.TrainingTimer``), with a median rate."""
 

@@ -20,9 +20,8 @@ import sys
 
 import keras
 import tensorflow as tf
-from common import EpochTimer, handwritten_epochs, race_main
+from common import handwritten_epochs, race_main, timed_fit
 
-import beatloop
 from beatloop.data import digits_arrays
 from beatloop.recipes.gan import Gan
 
@@ -64,19 +63,14 @@ class StepOnly(Gan):
 def run_beatloop(data, epochs: int, steps_per_execution: int) -> list[float]:
     generator, discriminator = make_models()
     d_opt, g_opt = make_optimizers()
-    timer = EpochTimer()
-    beatloop.fit(
+    return timed_fit(
         StepOnly(),
-        data=data,
+        data,
+        epochs,
+        steps_per_execution,
         models={"generator": generator, "discriminator": discriminator},
         optimizers={"d_optimizer": d_opt, "g_optimizer": g_opt},
-        epochs=epochs,
-        seed=0,
-        steps_per_execution=steps_per_execution,
-        progress=False,
-        callbacks=[timer],
     )
-    return timer.times
 
 
 def make_handwritten_step(generator, discriminator, d_opt, g_opt, metrics):

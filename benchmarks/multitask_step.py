@@ -21,7 +21,7 @@ import sys
 
 import keras
 import tensorflow as tf
-from common import EpochTimer, handwritten_epochs, race_main
+from common import handwritten_epochs, race_main, timed_fit
 
 import beatloop
 from beatloop.data import digits_arrays
@@ -54,19 +54,8 @@ def make_parts(data):
 
 def run_beatloop(data, epochs: int, steps_per_execution: int) -> list[float]:
     recipe, models, optimizer = make_parts(data)
-    timer = EpochTimer()
-    beatloop.fit(
-        recipe,
-        data=data,
-        models=models,
-        optimizers={"optimizer": optimizer},
-        epochs=epochs,
-        seed=0,
-        steps_per_execution=steps_per_execution,
-        progress=False,
-        callbacks=[timer],
-    )
-    return timer.times
+    parts = {"models": models, "optimizers": {"optimizer": optimizer}}
+    return timed_fit(recipe, data, epochs, steps_per_execution, **parts)
 
 
 def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float]:

@@ -30,6 +30,17 @@ def poisoned(digits, bad_batch: int, key: str = "x"):
     )
 
 
+def poisoned_run(digits, run_dir, **options):
+    """Two epochs of supervised on data whose 7th batch is NaN, checkpointing every 4
+    steps into ``run_dir``."""
+    import beatloop
+
+    data = poisoned(digits, bad_batch=7)
+    return beatloop.fit(
+        "supervised", data=data, epochs=2, seed=0, run_dir=run_dir, checkpoint_every=4, **options
+    )
+
+
 def finite(models) -> bool:
     return all(np.isfinite(w).all() for m in models.values() for w in m.get_weights())
 
@@ -39,14 +50,7 @@ def test_a_nan_batch_stops_the_run_naming_beat_step_and_checkpoint(digits, tmp_p
     from beatloop.core.errors import NumericsError
 
     with pytest.raises(NumericsError) as caught:
-        beatloop.fit(
-            "supervised",
-            data=poisoned(digits, bad_batch=7),
-            epochs=2,
-            seed=0,
-            run_dir=tmp_path,
-            checkpoint_every=4,
-        )
+        poisoned_run(digits, tmp_path)
     message = str(caught.value)
     # ReLU turns the NaN inputs into zeros, so the loss stays finite: only the gradient
     # norm (NaN inputs times the error) shows the fault.
@@ -119,18 +123,8 @@ def test_the_guard_watches_every_beat_and_stops_at_the_faulty_step(digits):
 
 
 def test_rollback_restores_the_last_checkpoint_and_skips_the_offending_batch(digits, tmp_path):
-    import beatloop
-
     with pytest.warns(RuntimeWarning) as warned:
-        result = beatloop.fit(
-            "supervised",
-            data=poisoned(digits, bad_batch=7),
-            epochs=2,
-            seed=0,
-            run_dir=tmp_path,
-            checkpoint_every=4,
-            on_nan="rollback",
-        )
+        result = poisoned_run(digits, tmp_path, on_nan="rollback")
     messages = [str(w.message) for w in warned if "rollback" in str(w.message)]
     # Epoch 1: the fault at step 7 rolls back to step 4, skipping batches 5-7. Epoch 2
     # (10 steps after step 7): the checkpoint at step 12 is 5 batches in, so batches 6
@@ -151,15 +145,6 @@ def test_rollbacks_are_bounded_and_need_a_run_dir(digits, tmp_path):
         pytest.warns(RuntimeWarning, match="rollback 1 of at most 1"),
         pytest.raises(NumericsError, match=r"already rolled back 1 time\(s\)"),
     ):
-        beatloop.fit(
-            "supervised",
-            data=poisoned(digits, bad_batch=7),
-            epochs=2,
-            seed=0,
-            run_dir=tmp_path,
-            checkpoint_every=4,
-            on_nan="rollback",
-            max_rollbacks=1,
-        )
+        poisoned_run(digits, tmp_path, on_nan="rollback", max_rollbacks=1)
     with pytest.raises(ConfigError, match=r"on_nan='rollback' .* needs a run_dir"):
         beatloop.fit("supervised", data=poisoned(digits, bad_batch=7), on_nan="rollback")
