@@ -1,0 +1,39 @@
+"""Checkpoints written by earlier code (``tests/fixtures/old_checkpoints``, made by
+``tests/fixtures/make_old_checkpoints.py``) resume with this code and end where that
+code's own uninterrupted run ended."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+
+from old_runs import RUNS, data_for  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_checkpoint_from_earlier_code_resumes_to_that_codes_result(tmp_path, name):
+    import beatloop
+
+    spec = RUNS[name]
+    run_dir = tmp_path / name
+    shutil.copytree(FIXTURES / "old_checkpoints" / name, run_dir)
+    result = beatloop.fit(
+        spec["recipe"], data=data_for(spec), epochs=2, run_dir=run_dir, progress=False,
+        **spec["fit"],
+    )  # fmt: skip
+    assert result.resumed_from == str(run_dir / "checkpoints" / "ckpt-4")
+    assert result.steps == 6 and result.epochs == 2
+    with np.load(run_dir / "expected.npz") as expected:
+        for model in sorted(result.models):
+            for index, value in enumerate(result.models[model].get_weights()):
+                np.testing.assert_array_equal(value, expected[f"{model}/{index}"])
+    history = json.loads((run_dir / "expected_history.json").read_text())
+    assert result.history == history
