@@ -19,7 +19,7 @@ _EXPORTS = {
     "restore": "beatloop.fitting",
     "FitResult": "beatloop.core.result",
     "Engine": "beatloop.core.engine",
-    "EngineOptions": "beatloop.core.engine",
+    "EngineOptions": "beatloop.core.options",
     "DataSplit": "beatloop.core.batches",
     # registry
     "recipes": "beatloop",  # the callable beatloop.recipes package; see its docstring
@@ -38,8 +38,11 @@ _EXPORTS = {
     "bind": "beatloop.core.binding",
     # callbacks
     "Callback": "beatloop.core.callbacks",
-    "Run": "beatloop.core.callbacks",
+    "Run": "beatloop.core.run",
     "EVENTS": "beatloop.core.callbacks",
+    "Order": "beatloop.core.callbacks",
+    "when": "beatloop.core.callbacks",
+    "EventFilter": "beatloop.core.callbacks",
     "History": "beatloop.plugins.callbacks",
     "ProgressBar": "beatloop.plugins.callbacks",
     "TrainingTimer": "beatloop.plugins.callbacks",
@@ -87,8 +90,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         Schedule,
     )
     from beatloop.core.binding import bind
-    from beatloop.core.callbacks import EVENTS, Callback, Run
-    from beatloop.core.engine import Engine, EngineOptions
+    from beatloop.core.callbacks import EVENTS, Callback, EventFilter, Order, when
+    from beatloop.core.engine import Engine
     from beatloop.core.errors import (
         BeatloopError,
         CallbackError,
@@ -100,8 +103,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         ScheduleError,
     )
     from beatloop.core.forward import ModelCalls
+    from beatloop.core.options import EngineOptions
     from beatloop.core.recipe import Recipe
     from beatloop.core.result import FitResult
+    from beatloop.core.run import Run
     from beatloop.fitting import fit, make_recipe
     from beatloop.plugins.callbacks import (
         CsvLogger,

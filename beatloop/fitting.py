@@ -1,9 +1,9 @@
-"""``beatloop.fit``: pick a recipe by name, configure it, and run it on the engine."""
+"""``beatloop.fit``: pick a recipe by name, configure it, and run it on the engine;
+``beatloop.restore``: the run in a run dir, as its latest checkpoint left it."""
 
 from __future__ import annotations
 
 import json
-import platform
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,11 +16,13 @@ import tensorflow as tf
 
 from beatloop.core.batches import as_data_split
 from beatloop.core.callbacks import Callback
-from beatloop.core.checkpoints import latest_record, refuse_different_run
+from beatloop.core.checkpoints import latest_record
 from beatloop.core.config import make_config
-from beatloop.core.engine import Engine, EngineOptions, identity_record
+from beatloop.core.engine import Engine
 from beatloop.core.errors import CheckpointError, ConfigError
+from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe
+from beatloop.core.record import write_run_json
 from beatloop.core.result import FitResult
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
@@ -85,65 +87,28 @@ def fit(
     gradient norm by restoring the last checkpoint and going on after the offending
     batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
     """
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    try:
-        options = EngineOptions(
-            steps_per_execution=steps_per_execution,
-            debug=debug,
-            steps_per_epoch=steps_per_epoch,
-            checkpoint_every=checkpoint_every,
-            max_to_keep=max_to_keep,
-            on_nan=on_nan,
-            max_rollbacks=max_rollbacks,
-            jit_compile=jit_compile,
-            precision=precision,
-        )
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"invalid engine option: {error}") from None
+    _check_counts(epochs, seed)
+    options = _engine_options(
+        steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch,
+        checkpoint_every=checkpoint_every, max_to_keep=max_to_keep, on_nan=on_nan,
+        max_rollbacks=max_rollbacks, jit_compile=jit_compile, precision=precision,
+    )  # fmt: skip
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     run_path = None if run_dir is None else Path(run_dir)
-    seed = _resumed_seed(recipe, seed, run_path)
-    if seed is None:
-        seed = secrets.randbelow(2**31)
-    else:
-        tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(seed)
+    seed = _seed_everything(seed, run_path)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
-
     history = History()
-    run_callbacks: list[Callback] = [history]
-    given = {type(c) for c in callbacks}
-    wants_progress = progress or (progress is None and sys.stdout.isatty())
-    if wants_progress and not any(issubclass(t, ProgressBar) for t in given):
-        run_callbacks.append(ProgressBar())
-    if run_path is not None:
-        run_path.mkdir(parents=True, exist_ok=True)
-        if not any(issubclass(t, JsonLinesLogger) for t in given):
-            run_callbacks.append(JsonLinesLogger(run_path / "history.jsonl"))
-    run_callbacks.extend(recipe.callbacks())
-    run_callbacks.extend(callbacks)
-
     engine = Engine(
-        recipe,
-        split,
-        models=models,
-        optimizers=optimizers,
-        callbacks=run_callbacks,
-        options=options,
-        run_dir=run_path,
-        seed=seed,
-        label=label,
-        strategy=strategy,
-    )
+        recipe, split, models=models, optimizers=optimizers, options=options, seed=seed,
+        callbacks=[history, *_run_callbacks(callbacks, run_path, progress)],
+        run_dir=run_path, label=label, strategy=strategy,
+    )  # fmt: skip
     if run_path is not None:
         engine.resume()
-        write_run_record(run_path / "run.json", engine, seed, epochs)
+        _write_run_json(run_path, engine, epochs)
     engine.fit(epochs)
-    return _result(engine, history, seed)
+    return _result(engine, history)
 
 
 def restore(run_dir: str | Path) -> FitResult:
@@ -155,78 +120,100 @@ def restore(run_dir: str | Path) -> FitResult:
     stored = latest_record(run_path)
     if stored is None:
         raise CheckpointError(f"{run_path} holds no readable checkpoint to restore")
-    cls = get_recipe(stored["recipe"])
-    recipe = make_recipe(cls, config_from_record(cls, stored.get("config", {})))
-    seed = stored["seed"]
-    keras.utils.set_random_seed(seed)
+    cls = get_recipe(stored.recipe)
+    recipe = make_recipe(cls, config_overrides(cls, stored.config))
+    keras.utils.set_random_seed(stored.seed)
     history = History()
     engine = Engine(
         recipe,
-        as_data_split(recipe.default_data(seed)),
+        as_data_split(recipe.default_data(stored.seed)),
         callbacks=[history],
         run_dir=run_path,
-        seed=seed,
-        label=registry().describe_origin(stored["recipe"]),
+        seed=stored.seed,
+        label=registry().describe_origin(stored.recipe),
     )
     engine.resume()
-    return _result(engine, history, seed)
+    return _result(engine, history)
 
 
-def config_from_record(cls: type[Recipe], stored: Mapping[str, Any]) -> dict[str, Any]:
+def config_overrides(cls: type[Recipe], recorded: Mapping[str, Any]) -> dict[str, Any]:
     """Config overrides that rebuild a recorded (JSON) config: the fields whose recorded
     value differs from the default, with JSON lists turned back into tuples."""
     defaults = json.loads(json.dumps(attrs.asdict(cls.Config()), default=str))
     tupled = lambda value: (  # noqa: E731
         tuple(tupled(v) for v in value) if isinstance(value, list) else value
     )
-    return {key: tupled(value) for key, value in stored.items() if defaults.get(key) != value}
+    return {key: tupled(value) for key, value in recorded.items() if defaults.get(key) != value}
 
 
-def _result(engine: Engine, history: History, seed: int) -> FitResult:
+def _check_counts(epochs, seed) -> None:
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+
+
+def _engine_options(**values) -> EngineOptions:
+    try:
+        return EngineOptions(**values)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"invalid engine option: {error}") from None
+
+
+def _seed_everything(seed: int | None, run_dir: Path | None) -> int:
+    """The run's seed, set for Python, NumPy and TensorFlow: the one given, else the one
+    recorded in the run dir's checkpoints (a resume), else a random one. A given or
+    recorded seed also turns on TensorFlow's op determinism."""
+    stored = latest_record(run_dir) if run_dir is not None else None
+    if seed is None and stored is not None:
+        seed = stored.seed
+    if seed is None:
+        seed = secrets.randbelow(2**31)
+    else:
+        tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(seed)
+    return seed
+
+
+def _run_callbacks(callbacks: Sequence[Callback], run_dir: Path | None, progress) -> list:
+    """The user's callbacks, with a progress bar (on a terminal, or when asked) and the
+    run dir's log file unless the user gave their own."""
+    given = {type(c) for c in callbacks}
+    added: list[Callback] = []
+    wants_progress = progress or (progress is None and sys.stdout.isatty())
+    if wants_progress and not any(issubclass(t, ProgressBar) for t in given):
+        added.append(ProgressBar())
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not any(issubclass(t, JsonLinesLogger) for t in given):
+            added.append(JsonLinesLogger(run_dir / "history.jsonl"))
+    return [*added, *callbacks]
+
+
+def _write_run_json(run_dir: Path, engine: Engine, epochs: int) -> None:
+    """``run.json``: the run record, and how this run was asked to go."""
+    write_run_json(
+        run_dir / "run.json",
+        engine.parts.record,
+        epochs=epochs,
+        steps_per_execution=engine.options.steps_per_execution,
+        checkpoint_every=engine.options.checkpoint_every,
+        resumed_from=engine.run.resumed_from,
+        updates={beat.name: [v.path for v in beat.variables] for beat in engine.bound.beats},
+    )
+
+
+def _result(engine: Engine, history: History) -> FitResult:
     return FitResult(
         recipe=engine.recipe,
         config=engine.recipe.config,
         history=history.history,
         bound=engine.bound,
-        seed=seed,
-        steps=int(engine.state.step),
-        epochs=int(engine.state.epoch),
+        seed=engine.run.seed,
+        steps=engine.run.step,
+        epochs=engine.run.epoch,
         run_dir=engine.run.run_dir,
         artifacts=dict(engine.run.artifacts),
         resumed_from=engine.run.resumed_from,
-        checkpoint=engine.checkpoints.latest if engine.checkpoints is not None else None,
+        checkpoint=engine.recovery.latest,
     )
-
-
-def _resumed_seed(recipe: Recipe, seed: int | None, run_dir: Path | None) -> int | None:
-    """The seed of the run in ``run_dir`` when resuming (refusing a different recipe,
-    config or seed before anything is built), else ``seed`` as given."""
-    stored = latest_record(run_dir) if run_dir is not None else None
-    if stored is None:
-        return seed
-    current = identity_record(recipe, stored.get("seed") if seed is None else seed)
-    refuse_different_run(stored, current, run_dir / "checkpoints")
-    return current["seed"]
-
-
-def write_run_record(path: Path, engine: Engine, seed: int, epochs: int) -> None:
-    """What ran: recipe, config, schedule, seed and versions, for the run's log."""
-    record = {
-        "recipe": engine.recipe.name,
-        "config": attrs.asdict(engine.recipe.config),
-        "schedule": engine.bound.schedule.describe().splitlines(),
-        "variables": {b.beat.name: [v.path for v in b.variables] for b in engine.bound.beats},
-        "seed": seed,
-        "epochs": epochs,
-        "steps_per_execution": engine.options.steps_per_execution,
-        "checkpoint_every": engine.options.checkpoint_every,
-        "resumed_from": engine.run.resumed_from,
-        "versions": {
-            "python": platform.python_version(),
-            "tensorflow": tf.__version__,
-            "keras": keras.__version__,
-        },
-    }
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    temporary.replace(path)

@@ -7,7 +7,7 @@ tracing, so a mistake reads as a sentence rather than a TensorFlow traceback.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import tensorflow as tf
@@ -106,6 +106,40 @@ def check_batch_spec(
                 f"{owner} expects {role} batch {key!r} with at least {min_rank} dimension(s) "
                 f"(batch first), found shape {spec[key].shape}; is the data set batched? "
                 "Call .batch(n) on it"
+            )
+    return problems
+
+
+def check_split(
+    split: DataSplit,
+    required: Mapping[str, int],
+    recipe_check: Callable[[Mapping[str, tf.TensorSpec]], list[str]],
+    owner: str,
+) -> None:
+    """Raise one DataError naming every problem with a split's batches: keys and ranks
+    (``required``), the recipe's own checks, and validation batches unlike training's."""
+    problems = []
+    for role, dataset in (("training", split.train), ("validation", split.validation)):
+        if dataset is None:
+            continue
+        spec = dataset.element_spec
+        problems += check_batch_spec(spec, required, owner, role)
+        if not problems:
+            problems += [f"{role} data: {p}" for p in recipe_check(spec)]
+    if split.validation is not None and not problems:
+        problems += _validation_mismatches(split.train.element_spec, split.validation.element_spec)
+    if problems:
+        raise DataError("; ".join(problems))
+
+
+def _validation_mismatches(train: Mapping, validation: Mapping) -> list[str]:
+    problems = []
+    for key in sorted(set(train) & set(validation)):
+        same_dtype = train[key].dtype == validation[key].dtype
+        if not same_dtype or not train[key].shape[1:].is_compatible_with(validation[key].shape[1:]):
+            problems.append(
+                f"validation batch {key!r} is {validation[key]} but training batch "
+                f"{key!r} is {train[key]}"
             )
     return problems
 

@@ -22,7 +22,8 @@ from beatloop.core.forward import forward
 
 @attrs.frozen
 class BoundBeat:
-    """A beat with its names resolved to the objects it uses."""
+    """A beat with its names resolved to the objects it uses; reads like its beat
+    (``name``, ``repeat``, ``every``, ``transform``, ``constraint``)."""
 
     beat: Beat
     loss_fn: Callable
@@ -30,6 +31,34 @@ class BoundBeat:
     variables: tuple[keras.Variable, ...]
     updated_models: tuple[str, ...]
     training: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return self.beat.name
+
+    @property
+    def loss_name(self) -> str:
+        return self.beat.loss
+
+    @property
+    def optimizer_name(self) -> str:
+        return self.beat.optimizer
+
+    @property
+    def repeat(self) -> int:
+        return self.beat.repeat
+
+    @property
+    def every(self) -> int:
+        return self.beat.every
+
+    @property
+    def transform(self):
+        return self.beat.transform
+
+    @property
+    def constraint(self):
+        return self.beat.constraint
 
     def forward(
         self,
@@ -43,7 +72,7 @@ class BoundBeat:
         ``random`` is the generator the loss draws noise from."""
         return forward(
             self.loss_fn,
-            self.beat.name,
+            self.name,
             models,
             self.training if training else frozenset(),
             tuple(models[name] for name in self.updated_models),
@@ -65,9 +94,9 @@ class BoundSchedule:
     def describe_variables(self) -> str:
         """Each beat followed by the paths and shapes of the variables it updates."""
         lines = []
-        for bound in self.beats:
-            lines.append(f"{bound.beat.name} ({len(bound.variables)} variables):")
-            lines.extend(f"    {v.path} {tuple(v.shape)}" for v in bound.variables)
+        for beat in self.beats:
+            lines.append(f"{beat.name} ({len(beat.variables)} variables):")
+            lines.extend(f"    {v.path} {tuple(v.shape)}" for v in beat.variables)
         return "\n".join(lines)
 
 
@@ -126,66 +155,91 @@ def bind(
     """
     if random is None:
         random = tf.random.Generator.from_seed(0)
-    problems: list[str] = []
-    owner = variable_owner(models)
-    claimed: dict[int, list[str]] = {}
-    resolved: dict[str, list[keras.Variable]] = {}
-
-    for beat in schedule.beats:
-        where = f"beat {beat.name!r}"
-        if beat.loss not in losses:
-            problems.append(
-                f"{where} uses loss {beat.loss!r}{did_you_mean(beat.loss, losses)}, which the "
-                f"recipe does not define; losses: {', '.join(losses) or '(none)'}"
-            )
-        if beat.optimizer not in optimizers:
-            problems.append(
-                f"{where} uses optimizer {beat.optimizer!r}"
-                f"{did_you_mean(beat.optimizer, optimizers)}, which the recipe does not "
-                f"define; optimizers: {', '.join(optimizers) or '(none)'}"
-            )
-        for name in beat.training or ():
-            if name not in models:
-                problems.append(
-                    f"{where} runs {name!r} in training mode, but there is no such model; "
-                    f"models: {', '.join(models)}"
-                )
-        variables = _unique(v for s in beat.updates for v in select(s, models, problems, where))
-        resolved[beat.name] = variables
-        for variable in variables:
-            claimed.setdefault(id(variable), []).append(beat.name)
-
-    frozen = {id(v) for s in schedule.frozen for v in select(s, models, problems, "frozen")}
-    shared = {id(v) for s in schedule.shared for v in select(s, models, problems, "shared")}
-    paths = {id(v): v.path for m in models.values() for v in m.trainable_variables}
-    for key, path in paths.items():
-        beats = claimed.get(key, [])
-        where = f"variable {path!r} of model {owner[key]!r}"
-        if not beats and key not in frozen:
-            problems.append(
-                f"{where} is updated by no beat and not declared frozen "
-                "(add it to a beat's `updates` or to Schedule(frozen=...))"
-            )
-        if beats and key in frozen:
-            problems.append(f"{where} is declared frozen but beat(s) {beats} update it")
-        if len(set(beats)) > 1 and key not in shared:
-            problems.append(
-                f"{where} is updated by beats {beats} but not declared shared "
-                "(add it to Schedule(shared=...) if that is intended)"
-            )
-
-    bound_beats = []
+    problems = [
+        problem
+        for beat in schedule.beats
+        for problem in _name_problems(beat, models, optimizers, losses)
+    ]
+    resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.beats}
+    problems += _ownership_problems(schedule, models, resolved, problems)
+    beats = []
     if not problems:
-        bound_beats = [
-            _bind_beat(beat, models, optimizers, losses, resolved[beat.name], owner)
+        owner = variable_owner(models)
+        beats = [
+            _bind_beat(beat, optimizers, losses, resolved[beat.name], owner)
             for beat in schedule.beats
         ]
-        problems.extend(_build_optimizers(bound_beats))
-        if batch_spec is not None and not problems:
-            problems.extend(_gradient_problems(bound_beats, models, batch_spec, random, strategy))
+        problems += _build_optimizers(beats)
+    if batch_spec is not None and not problems:
+        problems += _gradient_problems(beats, models, batch_spec, random, strategy)
     if problems:
         raise ScheduleError(problems, context)
-    return BoundSchedule(schedule, tuple(bound_beats), dict(models), dict(optimizers), random)
+    return BoundSchedule(schedule, tuple(beats), dict(models), dict(optimizers), random)
+
+
+def _selected(beat: Beat, models, problems: list[str]) -> list[keras.Variable]:
+    """The variables a beat's ``updates`` select, each once (problems noted)."""
+    where = f"beat {beat.name!r}"
+    return _unique(
+        v for selector in beat.updates for v in select(selector, models, problems, where)
+    )
+
+
+def _name_problems(beat: Beat, models, optimizers, losses) -> list[str]:
+    """A beat's loss, optimizer and training-mode models that do not exist."""
+    where = f"beat {beat.name!r}"
+    problems = []
+    if beat.loss not in losses:
+        problems.append(
+            f"{where} uses loss {beat.loss!r}{did_you_mean(beat.loss, losses)}, which the "
+            f"recipe does not define; losses: {', '.join(losses) or '(none)'}"
+        )
+    if beat.optimizer not in optimizers:
+        problems.append(
+            f"{where} uses optimizer {beat.optimizer!r}"
+            f"{did_you_mean(beat.optimizer, optimizers)}, which the recipe does not "
+            f"define; optimizers: {', '.join(optimizers) or '(none)'}"
+        )
+    for name in beat.training or ():
+        if name not in models:
+            problems.append(
+                f"{where} runs {name!r} in training mode, but there is no such model; "
+                f"models: {', '.join(models)}"
+            )
+    return problems
+
+
+def _ownership_problems(
+    schedule: Schedule, models, resolved: Mapping[str, list], problems: list[str]
+) -> list[str]:
+    """Variables no beat updates and nobody froze, frozen ones a beat updates, and ones
+    two beats update without being declared shared. (Selector problems of ``frozen``
+    and ``shared`` go to ``problems``.)"""
+    claimed: dict[int, list[str]] = {}
+    for name, variables in resolved.items():
+        for variable in variables:
+            claimed.setdefault(id(variable), []).append(name)
+    frozen = {id(v) for s in schedule.frozen for v in select(s, models, problems, "frozen")}
+    shared = {id(v) for s in schedule.shared for v in select(s, models, problems, "shared")}
+    owner = variable_owner(models)
+    found = []
+    for model in models.values():
+        for variable in model.trainable_variables:
+            key, beats = id(variable), claimed.get(id(variable), [])
+            where = f"variable {variable.path!r} of model {owner[key]!r}"
+            if not beats and key not in frozen:
+                found.append(
+                    f"{where} is updated by no beat and not declared frozen "
+                    "(add it to a beat's `updates` or to Schedule(frozen=...))"
+                )
+            if beats and key in frozen:
+                found.append(f"{where} is declared frozen but beat(s) {beats} update it")
+            if len(set(beats)) > 1 and key not in shared:
+                found.append(
+                    f"{where} is updated by beats {beats} but not declared shared "
+                    "(add it to Schedule(shared=...) if that is intended)"
+                )
+    return list(dict.fromkeys(found))
 
 
 def _unique(variables) -> list[keras.Variable]:
@@ -195,7 +249,7 @@ def _unique(variables) -> list[keras.Variable]:
     return list(seen.values())
 
 
-def _bind_beat(beat, models, optimizers, losses, variables, owner) -> BoundBeat:
+def _bind_beat(beat, optimizers, losses, variables, owner) -> BoundBeat:
     updated = tuple(dict.fromkeys(owner[id(v)] for v in variables))
     training = frozenset(updated if beat.training is None else beat.training)
     return BoundBeat(
@@ -207,11 +261,11 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     """Build each optimizer once, for the union of its beats' variables."""
     problems = []
     by_optimizer: dict[int, tuple[keras.optimizers.Optimizer, str, list]] = {}
-    for bound in bound_beats:
+    for beat in bound_beats:
         _, _, variables = by_optimizer.setdefault(
-            id(bound.optimizer), (bound.optimizer, bound.beat.optimizer, [])
+            id(beat.optimizer), (beat.optimizer, beat.optimizer_name, [])
         )
-        variables.extend(bound.variables)
+        variables.extend(beat.variables)
     for optimizer, name, variables in by_optimizer.values():
         variables = _unique(variables)
         if optimizer.built:
@@ -232,15 +286,15 @@ def _gradient_problems(bound_beats, models, batch_spec, random, strategy=None) -
     problems: list[str] = []
 
     def probe(batch):
-        for bound in bound_beats:
+        for beat in bound_beats:
             with tf.GradientTape() as tape:
-                loss, _ = bound.forward(models, batch, random=random)
-            grads = tape.gradient(loss, list(bound.variables))
-            for variable, grad in zip(bound.variables, grads, strict=True):
+                loss, _ = beat.forward(models, batch, random=random)
+            grads = tape.gradient(loss, list(beat.variables))
+            for variable, grad in zip(beat.variables, grads, strict=True):
                 if grad is None:
                     problems.append(
-                        f"beat {bound.beat.name!r} claims variable {variable.path!r}, but its "
-                        f"loss {bound.beat.loss!r} gives it no gradient (is the model called "
+                        f"beat {beat.name!r} claims variable {variable.path!r}, but its "
+                        f"loss {beat.loss_name!r} gives it no gradient (is the model called "
                         "inside the loss, on a path connected to the result?)"
                     )
         return tf.constant(0)

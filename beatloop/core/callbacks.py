@@ -3,23 +3,28 @@
 A callback overrides ``on_<event>`` methods for the events in :data:`EVENTS`. A method
 named ``on_...`` that matches no event is refused when the class is defined, so a typo
 fails loudly instead of never being called.
+
+Callbacks run in ``order`` (lower first; equal orders keep the order they were given
+in): the recipe's figures, then producers (a sample grid, next epoch's loss weights),
+then plain callbacks, then writers (history, log files, TensorBoard, the progress bar),
+so what a writer records never depends on where a callback stood in a list.
+
+An event method can be *filtered* (as Ignite's ``Events.X(every=N)``): decorated with
+``@when(every=N)`` it runs on every N-th epoch (epoch and validation events) or at the
+first execution end at or past every N-th step (``on_execution_end``); ``@when(once=N)``
+runs it once, at epoch N or at the first execution end at or past step N. An instance
+may set its own ``filters`` mapping (event name -> :class:`EventFilter`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import attrs
-import keras
 
 from beatloop.core.errors import CallbackError, did_you_mean
-
-if TYPE_CHECKING:
-    from beatloop.core.binding import BoundSchedule
-    from beatloop.core.recipe import Recipe
-    from beatloop.core.state import EngineState
+from beatloop.core.run import Run
 
 EVENTS = (
     "fit_start",
@@ -32,50 +37,80 @@ EVENTS = (
     "validation_end",
     "exception",
 )
+#: Events a filter can count: epochs for these, steps for ``execution_end``.
+EPOCH_EVENTS = ("epoch_start", "epoch_end", "validation_start", "validation_end")
+FILTERABLE = (*EPOCH_EVENTS, "execution_end")
 
 
-@attrs.define(eq=False)
-class Run:
-    """What callbacks see of the run in progress. Set ``stop_training`` to end it after
-    the current epoch; record files the run writes for people (a sample grid, an image)
-    in ``artifacts`` by name, so the CLI and the result can point to them."""
+class Order:
+    """Where a callback runs among the others at an event: lower first."""
 
-    recipe: Recipe
-    bound: BoundSchedule
-    state: EngineState
-    run_dir: Path | None
-    epochs: int
-    steps_per_execution: int
-    steps_per_epoch: int | None
-    seed: int
-    stop_training: bool = False
-    artifacts: dict[str, Path] = attrs.field(factory=dict)
-    #: The checkpoint this run resumed from, if it did.
-    resumed_from: str | None = None
-    #: Paths of the checkpoints written so far by this process, oldest first.
-    checkpoints: list[str] = attrs.field(factory=list)
+    #: Figures logged with the epoch, computed from the state the epoch ended in.
+    FIGURES = -20
+    #: Makes what others read: pictures, state for the next epoch.
+    PRODUCER = -10
+    #: Callbacks that use the logs (early stopping, a user's own).
+    DEFAULT = 0
+    #: Records what the run logged: history, log files, TensorBoard, the progress bar.
+    WRITER = 10
 
-    @property
-    def models(self):
-        return self.bound.models
 
-    @property
-    def optimizers(self):
-        return self.bound.optimizers
+def _at_least_one(instance, attribute, value) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise CallbackError(f"when({attribute.name}=...) takes an integer >= 1, got {value!r}")
 
-    @property
-    def step(self) -> int:
-        """Steps run so far, over all epochs."""
-        return int(self.state.step)
 
-    @property
-    def epoch(self) -> int:
-        """The current epoch, counted from 0."""
-        return int(self.state.epoch)
+@attrs.frozen
+class EventFilter:
+    """When a filtered event method runs: at every ``every``-th epoch or step, or
+    ``once``, at the ``once``-th (give one of them)."""
 
-    @property
-    def examples(self) -> int:
-        return int(self.state.examples)
+    every: int | None = attrs.field(default=None, validator=_at_least_one)
+    once: int | None = attrs.field(default=None, validator=_at_least_one)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.every is None) == (self.once is None):
+            raise CallbackError("when() takes one of every=N or once=N")
+
+    def admits(self, event: str, run: Run, args: tuple) -> bool:
+        """Whether the count this event moved past (epochs, or steps for an execution
+        end) reaches a multiple of ``every``, or ``once``."""
+        before, now = _span(event, run, args)
+        if self.every is not None:
+            return before // self.every < now // self.every
+        return before < self.once <= now
+
+
+def _span(event: str, run: Run, args: tuple) -> tuple[int, int]:
+    """The count before and at an event: steps done for an execution end (it ran
+    ``args[0]`` steps); otherwise the epoch's number, counted from 1."""
+    if event == "execution_end":
+        return run.step - args[0], run.step
+    number = args[0] + 1 if event in ("epoch_start", "epoch_end") else run.epoch + 1
+    return number - 1, number
+
+
+def when(*, every: int | None = None, once: int | None = None):
+    """Filter an event method: ``@when(every=5)`` runs it every 5th epoch (or, on
+    ``on_execution_end``, every 5 steps); ``@when(once=3)`` once, at the 3rd."""
+    event_filter = EventFilter(every, once)
+
+    def mark(method):
+        method.__beatloop_filter__ = event_filter
+        return method
+
+    return mark
+
+
+def _check_filters(owner: str, filters: Mapping[str, EventFilter]) -> None:
+    for event, event_filter in filters.items():
+        if event not in FILTERABLE:
+            raise CallbackError(
+                f"{owner} filters on_{event}, which cannot be filtered; filterable: "
+                + ", ".join(f"on_{e}" for e in FILTERABLE)
+            )
+        if not isinstance(event_filter, EventFilter):
+            raise CallbackError(f"{owner}'s filter for on_{event} must be an EventFilter")
 
 
 class Callback:
@@ -83,20 +118,32 @@ class Callback:
 
     ``logs`` map logged names (``loss``, ``val_accuracy``, ...) to floats. At execution
     end they are computed only when read, so a callback that ignores them costs nothing.
+    At epoch end they are a dict that callbacks of a lower ``order`` may have added
+    figures to.
     """
 
     #: Name under which ``beatloop run --callback NAME`` finds this callback, if any.
     callback_name: str = ""
+    #: Where this callback runs among others at an event (see :class:`Order`).
+    order: int = Order.DEFAULT
+    #: Event name -> filter, from ``@when`` on this class's methods (and its bases').
+    filters: ClassVar[Mapping[str, EventFilter]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         known = {f"on_{event}" for event in EVENTS}
-        for attribute in vars(cls):
+        filters = dict(cls.filters)
+        for attribute, value in vars(cls).items():
             if attribute.startswith("on_") and attribute not in known:
                 raise CallbackError(
                     f"{cls.__name__}.{attribute} is not an event method"
                     f"{did_you_mean(attribute, known)}; events: {', '.join(sorted(known))}"
                 )
+            event_filter = getattr(value, "__beatloop_filter__", None)
+            if event_filter is not None:
+                filters[attribute.removeprefix("on_")] = event_filter
+        _check_filters(cls.__name__, filters)
+        cls.filters = filters
 
     def on_fit_start(self, run: Run) -> None:
         """Before the first epoch."""
@@ -107,8 +154,9 @@ class Callback:
     def on_epoch_start(self, run: Run, epoch: int) -> None:
         """Before an epoch's first step; ``epoch`` counts from 0."""
 
-    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-        """After an epoch and its validation; ``logs`` hold training and ``val_`` figures."""
+    def on_epoch_end(self, run: Run, epoch: int, logs: dict[str, float]) -> None:
+        """After an epoch and its validation; ``logs`` hold training and ``val_`` figures
+        (add your own to log them with the epoch)."""
 
     def on_execution_start(self, run: Run) -> None:
         """Before one compiled call of up to ``steps_per_execution`` steps."""
@@ -134,19 +182,34 @@ class Callback:
         """Take back what :meth:`checkpoint_state` returned, when a run resumes."""
 
 
+@attrs.frozen
+class _Filtered:
+    """An event method that runs only when its filter admits the event."""
+
+    method: object
+    event: str
+    event_filter: EventFilter
+
+    def __call__(self, run: Run, *args) -> None:
+        if self.event_filter.admits(self.event, run, args):
+            self.method(run, *args)
+
+
 class CallbackList:
-    """Fires an event on every callback that overrides it, in order."""
+    """Fires an event on every callback that overrides it, in ``order``."""
 
     def __init__(self, callbacks: Iterable[Callback]):
-        self.callbacks = list(callbacks)
-        for callback in self.callbacks:
+        given = list(callbacks)
+        for callback in given:
             if not isinstance(callback, Callback):
                 raise CallbackError(
                     f"callbacks must be beatloop.Callback instances, got {type(callback).__name__}"
                 )
+            _check_filters(type(callback).__name__, callback.filters)
+        self.callbacks = sorted(given, key=lambda callback: callback.order)
         self._listeners = {
             event: [
-                getattr(c, f"on_{event}")
+                _listener(c, event)
                 for c in self.callbacks
                 if getattr(type(c), f"on_{event}") is not getattr(Callback, f"on_{event}")
             ]
@@ -178,21 +241,7 @@ class CallbackList:
                 callback.restore_state(states[key])
 
 
-class LazyLogs(Mapping[str, float]):
-    """Logs read from their metrics only when, and only as far as, a callback looks: a
-    callback that ignores them costs nothing, one that reads ``loss`` pays for ``loss``."""
-
-    def __init__(self, metrics: Mapping[str, keras.metrics.Metric]):
-        self._metrics = metrics
-        self._values: dict[str, float] = {}
-
-    def __getitem__(self, key: str) -> float:
-        if key not in self._values:
-            self._values[key] = float(self._metrics[key].result())
-        return self._values[key]
-
-    def __iter__(self):
-        return iter(self._metrics)
-
-    def __len__(self) -> int:
-        return len(self._metrics)
+def _listener(callback: Callback, event: str):
+    method = getattr(callback, f"on_{event}")
+    event_filter = callback.filters.get(event)
+    return method if event_filter is None else _Filtered(method, event, event_filter)

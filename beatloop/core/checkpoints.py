@@ -2,10 +2,10 @@
 
 One ``tf.train.Checkpoint`` holds every model (with every variable, including the
 dropout seed states ``tf.train.Checkpoint`` would not find through the model), every
-optimizer, the engine's counters (step, epoch, data position), the run's random
+optimizer, the run's counters (step, epoch, data position), the run's random
 generator, the training metrics, and two JSON strings: the Python-side state of the
-callbacks and the run's *record* (recipe, config, seed, schedule, variables, data spec)
-that a resume is checked against. TensorFlow writes the files first and the index
+callbacks and the run's record (:class:`~beatloop.core.record.RunRecord`) that a resume
+is checked against. TensorFlow writes the files first and the index
 (``checkpoint``) last with an atomic rename, so "latest" never names a half-written
 checkpoint.
 """
@@ -24,12 +24,12 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.errors import CheckpointError
+from beatloop.core.record import RunRecord
 
 PREFIX = "ckpt"
 # What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),
 # and the reader's IndexError/ValueError on garbled bytes.
-_UNREADABLE = (tf.errors.OpError, ValueError, IndexError, KeyError, RuntimeError)
-_HOST_KEY = "host/.ATTRIBUTES/VARIABLE_VALUE"
+_UNREADABLE = (tf.errors.OpError, ValueError, IndexError, KeyError, RuntimeError, TypeError)
 _RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
 
 
@@ -42,7 +42,7 @@ class RunCheckpoints:
         *,
         models: Mapping[str, keras.Layer],
         optimizers: Mapping[str, keras.optimizers.Optimizer],
-        state: tf.Module,
+        counters: Mapping[str, tf.Variable],
         random: tf.random.Generator,
         metric_variables: Sequence,
         max_to_keep: int = 3,
@@ -60,7 +60,7 @@ class RunCheckpoints:
             models=dict(models),
             model_variables={name: list(model.variables) for name, model in models.items()},
             optimizers=dict(optimizers),
-            state=state,
+            state=dict(counters),
             random=random,
             metrics=list(metric_variables),
             host=self._host,
@@ -83,11 +83,11 @@ class RunCheckpoints:
         paths = self.paths()
         return paths[-1] if paths else None
 
-    def restore_latest(self, expected_record: Mapping[str, Any]) -> tuple[str, dict] | None:
+    def restore_latest(self, expected: RunRecord) -> tuple[str, dict] | None:
         """Restore the newest readable checkpoint and return ``(path, host state)``;
         ``None`` when there is none. A checkpoint that cannot be read is skipped with a
-        warning (the previous one is tried); one whose record differs from
-        ``expected_record`` is refused with a CheckpointError, never half-restored."""
+        warning (the previous one is tried); one whose record differs from ``expected``
+        is refused with a CheckpointError, never half-restored."""
         failures = []
         for path in reversed(self.paths()):
             try:
@@ -96,7 +96,7 @@ class RunCheckpoints:
                 failures.append(path)
                 _warn_unreadable(path, error)
                 continue
-            refuse_different_run(record, expected_record, self.directory)
+            record.refuse_if_different(expected, self.directory)
             try:
                 status = self.checkpoint.read(path)
                 status.assert_existing_objects_matched().expect_partial()
@@ -115,13 +115,13 @@ class RunCheckpoints:
 
     # --- writing -------------------------------------------------------------------------
 
-    def save(self, host: Mapping[str, Any], record: Mapping[str, Any]) -> str:
+    def save(self, host: Mapping[str, Any], record: RunRecord) -> str:
         """Write a new checkpoint (numbered after every existing one, so none is ever
         overwritten) and return its path. A failed write (disk full, no permission)
         removes its partial files and raises a CheckpointError; earlier checkpoints are
         untouched."""
         self._host.assign(json.dumps(host, default=_jsonable))
-        self._record.assign(json.dumps(record, default=str))
+        self._record.assign(json.dumps(record.to_json()))
         number = 1 + max((_number(p) for p in self.paths()), default=0)
         try:
             return self.manager.save(checkpoint_number=number)
@@ -147,19 +147,15 @@ def checkpoint_files(directory: Path) -> list[str]:
     return sorted(found, key=_number)
 
 
-def read_record(path: str) -> dict:
+def read_record(path: str) -> RunRecord:
     """The run record stored in one checkpoint, read without restoring anything."""
     value = tf.train.load_checkpoint(path).get_tensor(_RECORD_KEY)
-    return json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
+    return RunRecord.from_json(
+        json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
+    )
 
 
-def read_host_state(path: str) -> dict:
-    """The Python-side state (counters, callbacks) stored in one checkpoint."""
-    value = tf.train.load_checkpoint(path).get_tensor(_HOST_KEY)
-    return json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
-
-
-def latest_record(run_dir: Path) -> dict | None:
+def latest_record(run_dir: Path) -> RunRecord | None:
     """The record of the newest readable checkpoint under ``run_dir``, if any."""
     directory = Path(run_dir) / "checkpoints"
     if not directory.is_dir():
@@ -172,40 +168,6 @@ def latest_record(run_dir: Path) -> dict | None:
         except _UNREADABLE:
             continue
     return None
-
-
-def refuse_different_run(
-    stored: Mapping[str, Any], current: Mapping[str, Any], directory: Path
-) -> None:
-    """Raise a CheckpointError listing every difference between a checkpoint's record
-    and the run about to resume from it; return quietly when they agree."""
-    problems = record_differences(stored, current)
-    if problems:
-        raise CheckpointError(
-            f"the checkpoints in {directory} belong to a different run and will not be "
-            f"restored: {'; '.join(problems)}. Use a new run dir, or the same recipe, "
-            "config and seed to resume"
-        )
-
-
-def record_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """What differs between a checkpoint's record and the run about to resume from it."""
-    problems = []
-    for key in current:
-        if key not in stored:
-            problems.append(f"the checkpoint has no {key!r} to compare")
-        elif stored[key] != current[key]:
-            old, new = stored[key], current[key]
-            if isinstance(old, Mapping) and isinstance(new, Mapping):
-                for name in sorted(set(old) | set(new)):
-                    if old.get(name) != new.get(name):
-                        problems.append(
-                            f"{key}.{name} is {old.get(name)!r} in the checkpoint but "
-                            f"{new.get(name)!r} now"
-                        )
-            else:
-                problems.append(f"{key} is {old!r} in the checkpoint but {new!r} now")
-    return problems
 
 
 def _number(path: str) -> int:

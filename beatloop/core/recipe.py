@@ -18,8 +18,9 @@ import tensorflow as tf
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Schedule
-from beatloop.core.callbacks import Callback, Run
+from beatloop.core.callbacks import Callback, Order
 from beatloop.core.forward import ModelCalls
+from beatloop.core.run import Run
 
 LossOutput = tf.Tensor | Mapping[str, tf.Tensor]
 LossFn = Callable[[ModelCalls, Mapping[str, tf.Tensor]], LossOutput]
@@ -44,8 +45,9 @@ class Recipe(abc.ABC):
     - ``schedule()``: the :class:`Schedule` of one step.
 
     Optional: ``batch_keys`` (key -> minimum rank), ``quality_figure``, ``build_metrics()`` and
-    ``update_metrics()``, ``check_batch_spec()``, ``epoch_figures()``, ``callbacks()``,
-    ``inference_models()``.
+    ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
+    recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
+    for figures logged with each epoch.
     """
 
     name: ClassVar[str] = ""
@@ -102,7 +104,8 @@ class Recipe(abc.ABC):
 
     def epoch_figures(self, run: Run) -> Mapping[str, float]:
         """Figures computed eagerly at each epoch's end, after validation, and logged
-        with the epoch (e.g. a sample-quality score); none by default."""
+        with the epoch (e.g. a sample-quality score); none by default. A shorthand for a
+        callback of order ``Order.FIGURES`` that adds them to the epoch's logs."""
         return {}
 
     def inference_models(self, models: Mapping[str, keras.Layer]) -> dict[str, keras.Model]:
@@ -111,5 +114,26 @@ class Recipe(abc.ABC):
         return {}
 
     def callbacks(self) -> list[Callback]:
-        """Callbacks this recipe adds to every run of it (e.g. one that saves samples)."""
+        """Callbacks this recipe adds to every run of it (e.g. one that saves samples);
+        hand them the recipe (``SampleGrid(self)``) rather than reading ``run.recipe``."""
         return []
+
+
+class EpochFigures(Callback):
+    """Logs a recipe's :meth:`Recipe.epoch_figures` with each epoch, before any other
+    callback sees the epoch's logs."""
+
+    order = Order.FIGURES
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: dict[str, float]) -> None:
+        logs.update(self.recipe.epoch_figures(run))
+
+
+def recipe_callbacks(recipe: Recipe) -> list[Callback]:
+    """A recipe's end-of-epoch work, as callbacks: its figures (when it defines
+    ``epoch_figures``) and its own ``callbacks()``."""
+    figures = type(recipe).epoch_figures is not Recipe.epoch_figures
+    return [*([EpochFigures(recipe)] if figures else []), *recipe.callbacks()]

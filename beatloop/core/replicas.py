@@ -10,6 +10,8 @@ the global batch and split by rows, so a distributed run draws what one device w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import tensorflow as tf
 
@@ -27,6 +29,27 @@ class BatchShare:
     def weight(self) -> tf.Tensor:
         """The factor on this replica's mean loss: its fraction of the global batch."""
         return tf.cast(self.local, tf.float32) / tf.cast(self.total, tf.float32)
+
+
+def on_replicas(strategy: tf.distribute.Strategy | None, fn: Callable, *args) -> tuple:
+    """Run ``fn(*args)`` on one device, or on every replica of ``strategy`` and sum what
+    it returns (batch sizes; checks, where a NaN or inf on any replica stays)."""
+    if strategy is None:
+        return fn(*args)
+    per_replica = strategy.run(fn, args=args)
+    return tuple(
+        strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) for value in per_replica
+    )
+
+
+def replica_view(strategy, generator: tf.random.Generator, local: tf.Tensor):
+    """``(share, random)`` for a step on ``local`` examples: on one device no share and
+    the run's generator itself; on a replica its :class:`BatchShare` and a
+    :class:`ReplicaRandom` over the generator."""
+    if strategy is None:
+        return None, generator
+    share = batch_share(local)
+    return share, ReplicaRandom(generator, share)
 
 
 def batch_share(local: tf.Tensor) -> BatchShare:

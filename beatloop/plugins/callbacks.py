@@ -14,12 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from beatloop.core.callbacks import Callback, Run
+from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import ConfigError
+from beatloop.core.run import Run
 
 
 class History(Callback):
     """Collects each epoch's logs into ``history[name] -> [value per epoch]``."""
+
+    order = Order.WRITER
 
     def __init__(self):
         self.history: dict[str, list[float]] = {}
@@ -40,6 +43,7 @@ class TrainingTimer(Callback):
     end, so validation, epoch figures and end-of-epoch callbacks are not counted."""
 
     callback_name = "training_timer"
+    order = Order.WRITER
 
     def __init__(self):
         self.epoch_seconds: list[float] = []
@@ -75,6 +79,7 @@ class ProgressBar(Callback):
     line per epoch elsewhere (pipes, CI logs)."""
 
     callback_name = "progress"
+    order = Order.WRITER
 
     def __init__(self, stream=None, refresh_seconds: float = 0.1):
         self.stream = stream or sys.stdout
@@ -108,9 +113,7 @@ class ProgressBar(Callback):
         status = None
         if now - self._last_refresh >= self.refresh_seconds:
             self._last_refresh = now
-            losses = run.bound.beats
-            names = [b.beat.name for b in losses]
-            shown = {name: logs[name] for name in names}
+            shown = {beat.name: logs[beat.name] for beat in run.bound.beats}
             status = f"{format_logs(shown)}  {self._rate(run, now):,.0f} examples/s"
         if status is None:
             self._progress.advance(self._task, steps)
@@ -160,6 +163,7 @@ class EpochLogFile(Callback):
     dir; its folder is created when the run starts."""
 
     filename = ""
+    order = Order.WRITER
 
     def __init__(self, path: str | Path | None = None):
         self.path = None if path is None else Path(path)
@@ -189,7 +193,7 @@ class EpochLogFile(Callback):
         raise NotImplementedError
 
     @staticmethod
-    def record(run: Run, epoch: int, logs: Mapping[str, float]) -> dict:
+    def row(run: Run, epoch: int, logs: Mapping[str, float]) -> dict:
         """The epoch (from 1), the step count, then every logged figure."""
         return {"epoch": epoch + 1, "step": run.step, **logs}
 
@@ -206,9 +210,9 @@ class JsonLinesLogger(EpochLogFile):
         return json.loads(line)["epoch"] if line.strip() else -1
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-        record = {k: _jsonable(v) for k, v in self.record(run, epoch, logs).items()}
+        row = {k: _jsonable(v) for k, v in self.row(run, epoch, logs).items()}
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(row) + "\n")
 
 
 class CsvLogger(EpochLogFile):
@@ -227,7 +231,7 @@ class CsvLogger(EpochLogFile):
         return int(first) if first.isdigit() else None
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-        row = self.record(run, epoch, logs)
+        row = self.row(run, epoch, logs)
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         if self._fields is None:
             self._fields = list(row)

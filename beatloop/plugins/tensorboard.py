@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from beatloop.core.callbacks import Callback, Run
+from beatloop.core.callbacks import Callback, EventFilter, Order
 from beatloop.core.errors import ConfigError
+from beatloop.core.run import Run
 
 
 class TensorBoard(Callback):
@@ -20,10 +21,11 @@ class TensorBoard(Callback):
     learning rate as ``learning_rate/NAME``, and each PNG artifact (a sample grid, a
     stylised image) as ``images/NAME``. With ``update_every=N``, the training figures
     also as ``step/NAME`` every N steps (read between compiled calls, so at the first
-    execution end at or past each multiple of N).
+    execution end at or past each multiple of N: an event filter).
     """
 
     callback_name = "tensorboard"
+    order = Order.WRITER
 
     def __init__(self, log_dir: str | Path | None = None, update_every: int | None = None):
         if update_every is not None and update_every < 1:
@@ -31,7 +33,8 @@ class TensorBoard(Callback):
         self.log_dir = None if log_dir is None else Path(log_dir)
         self.update_every = update_every
         self._writer = None
-        self._next_step_log = update_every
+        if update_every is not None:
+            self.filters = {"execution_end": EventFilter(every=update_every)}
 
     def on_fit_start(self, run: Run) -> None:
         if self.log_dir is None:
@@ -41,13 +44,11 @@ class TensorBoard(Callback):
         self._writer = tf.summary.create_file_writer(str(self.log_dir))
 
     def on_execution_end(self, run: Run, steps: int, logs: Mapping[str, float]) -> None:
-        if self.update_every is None or run.step < self._next_step_log:
+        if self.update_every is None:
             return
         with self._writer.as_default(step=run.step):
             for name in logs:
                 tf.summary.scalar(f"step/{name}", logs[name])
-        while self._next_step_log <= run.step:
-            self._next_step_log += self.update_every
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         with self._writer.as_default(step=epoch + 1):

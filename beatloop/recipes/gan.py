@@ -16,9 +16,10 @@ import tensorflow as tf
 from beatloop import data, images, quality
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Schedule
-from beatloop.core.callbacks import Callback, Run
+from beatloop.core.callbacks import Callback, Order
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
+from beatloop.core.run import Run
 
 _positive = attrs.validators.gt(0)
 BOTH = ("generator", "discriminator")
@@ -249,7 +250,7 @@ class Gan(Recipe):
         return quality.sample_quality(samples, classifier).as_logs()
 
     def callbacks(self) -> list[Callback]:
-        return [SampleGrid()]
+        return [SampleGrid(self)]
 
     def inference_models(self, models):
         return {"generator": models["generator"]}
@@ -259,10 +260,15 @@ class SampleGrid(Callback):
     """Saves a PNG grid of samples from the fixed latent batch after every epoch, as
     ``samples/epoch_NNN.png`` and ``samples.png`` (the latest) in the run dir."""
 
+    order = Order.PRODUCER
+
+    def __init__(self, recipe: Gan):
+        self.recipe = recipe
+
     def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
         if run.run_dir is None:
             return
-        recipe = run.recipe
+        recipe = self.recipe
         samples = recipe.samples(run, recipe.config.grid_size**2)
         shape = image_shape(samples.shape[1:])
         pictures = images.to_uint8(samples.reshape((len(samples), *shape)))

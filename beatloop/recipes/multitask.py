@@ -28,10 +28,11 @@ import tensorflow as tf
 from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Schedule
-from beatloop.core.callbacks import Callback, Run
+from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
+from beatloop.core.run import Run
 from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
@@ -273,7 +274,7 @@ class Multitask(Recipe):
         return {f"weight_{name}": w for name, w in self.current_weights(run.models).items()}
 
     def callbacks(self) -> list[Callback]:
-        return [DynamicWeightAverage()] if self.config.weighting == "dwa" else []
+        return [DynamicWeightAverage(self)] if self.config.weighting == "dwa" else []
 
     def inference_models(self, models):
         """One model: the backbone feeding every head, outputs by task name."""
@@ -292,13 +293,17 @@ def dwa_weights(previous: list[float], before: list[float], temperature: float) 
 
 
 class DynamicWeightAverage(Callback):
-    """Sets the task weights for the next epoch from the last two epochs' task losses."""
+    """Sets the task weights for the next epoch from the last two epochs' task losses
+    (after the epoch's figures logged the weights it ran with)."""
 
-    def __init__(self):
+    order = Order.PRODUCER
+
+    def __init__(self, recipe: Multitask):
+        self.recipe = recipe
         self.losses: list[list[float]] = []
 
     def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
-        recipe = run.recipe
+        recipe = self.recipe
         self.losses.append([logs[f"{t.name}_loss"] for t in recipe.tasks])
         if len(self.losses) >= 2:
             weights = dwa_weights(self.losses[-1], self.losses[-2], recipe.config.dwa_temperature)

@@ -30,10 +30,11 @@ import tensorflow as tf
 from beatloop import data, images
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, ClipValues, Schedule
-from beatloop.core.callbacks import Callback, Run
+from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
+from beatloop.core.run import Run
 from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
@@ -271,7 +272,7 @@ class StyleTransfer(Recipe):
         return np.clip(self.stylised(models, batch).numpy()[0], 0.0, 1.0)
 
     def callbacks(self) -> list[Callback]:
-        return [SaveStylised()]
+        return [SaveStylised(self)]
 
     def inference_models(self, models):
         """The trained generator; image mode's result is the picture (the PNG)."""
@@ -282,10 +283,15 @@ class SaveStylised(Callback):
     """Saves the stylised image as PNG each epoch (``stylised/epoch_NNN.png``) and as
     ``stylised.png``, the latest, in the run dir."""
 
+    order = Order.PRODUCER
+
+    def __init__(self, recipe: StyleTransfer):
+        self.recipe = recipe
+
     def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
         if run.run_dir is None:
             return
-        pixels = images.to_uint8(run.recipe.picture(run), value_range=(0.0, 1.0))
+        pixels = images.to_uint8(self.recipe.picture(run), value_range=(0.0, 1.0))
         scale = max(1, 256 // pixels.shape[1])
         images.save_png(
             pixels, Path(run.run_dir) / "stylised" / f"epoch_{epoch + 1:03d}.png", scale

@@ -1,0 +1,215 @@
+"""Assembling a run's parts: models under the precision policy and the strategy's scope,
+optimizers, the bound schedule, metrics, the compiled loops, the recipe's callbacks and
+the run record, from a recipe and its data (:func:`assemble`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+import attrs
+import keras
+import tensorflow as tf
+
+from beatloop.core.batches import DataSplit, check_split
+from beatloop.core.binding import BoundSchedule, bind
+from beatloop.core.callbacks import Callback
+from beatloop.core.counters import Counters
+from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_mean
+from beatloop.core.forward import forward
+from beatloop.core.loop import CompiledLoop
+from beatloop.core.metrics import StepMetrics
+from beatloop.core.op_errors import failure_message
+from beatloop.core.options import EngineOptions
+from beatloop.core.recipe import Recipe, recipe_callbacks
+from beatloop.core.record import RunRecord
+from beatloop.core.step import TrainStep, ValidationStep
+
+
+@attrs.frozen
+class RunParts:
+    """Everything one run is made of, built and checked, ready for the engine's loop."""
+
+    recipe: Recipe
+    label: str
+    bound: BoundSchedule
+    counters: Counters
+    train_metrics: StepMetrics
+    validation_metrics: StepMetrics
+    train_loop: CompiledLoop
+    validation_loop: CompiledLoop | None
+    #: The recipe's own callbacks: its epoch figures, pictures, loss weights.
+    callbacks: tuple[Callback, ...]
+    record: RunRecord
+
+
+def assemble(
+    recipe: Recipe,
+    data: DataSplit,
+    options: EngineOptions,
+    *,
+    models: Mapping[str, keras.Layer] | None = None,
+    optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
+    seed: int = 0,
+    label: str | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+) -> RunParts:
+    """Build and check every part of a run of ``recipe`` on ``data``; ``models`` and
+    ``optimizers`` replace the recipe's parts of the same names."""
+    label = label or f"recipe {recipe.name!r}"
+    _check_strategy(strategy, options)
+    counters = Counters()  # host counters, advanced outside the replicas
+    spec = data.train.element_spec
+    check_split(data, recipe.batch_keys, recipe.check_batch_spec, label)
+    with _scope(strategy):
+        random = tf.random.Generator.from_seed(seed)
+        with dtype_policy(options.precision):
+            built_models = _replaced(recipe.build_models(spec), models, "model", label)
+            _build_unbuilt(recipe, built_models, spec, random, label)
+        built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
+        if options.precision == "mixed_float16":
+            built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
+        bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
+        beat_names = [beat.name for beat in bound.beats]
+        train_metrics = StepMetrics(beat_names, recipe.build_metrics())
+        validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
+    train_loop, validation_loop = _loops(
+        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
+    )
+    return RunParts(
+        recipe=recipe,
+        label=label,
+        bound=bound,
+        counters=counters,
+        train_metrics=train_metrics,
+        validation_metrics=validation_metrics,
+        train_loop=train_loop,
+        validation_loop=validation_loop,
+        callbacks=tuple(recipe_callbacks(recipe)),
+        record=RunRecord.of(recipe, bound, spec, seed, options.precision),
+    )
+
+
+def _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy):
+    """The compiled training loop and, with validation data, the validation loop."""
+    common = {
+        "compiled": not options.debug,
+        "jit_compile": options.jit_compile,
+        "distributed": strategy is not None,
+    }
+    train_step = TrainStep(
+        bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy
+    )
+    train_loop = CompiledLoop(
+        train_step,
+        options.steps_per_execution,
+        data.train.element_spec,
+        checks=len(bound.beats),
+        counters=counters,
+        **common,
+    )
+    if data.validation is None:
+        return train_loop, None
+    validation_step = ValidationStep(
+        bound, validation_metrics, recipe.update_metrics, strategy=strategy
+    )
+    validation_loop = CompiledLoop(
+        validation_step, options.steps_per_execution, data.validation.element_spec, **common
+    )
+    return train_loop, validation_loop
+
+
+def _check_strategy(strategy, options: EngineOptions) -> None:
+    if strategy is None:
+        return
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ConfigError(
+            f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}"
+        )
+    if options.jit_compile or options.debug:
+        raise ConfigError(
+            "a distribution strategy runs compiled steps without XLA: drop "
+            + ("jit_compile" if options.jit_compile else "debug")
+        )
+
+
+def _scope(strategy):
+    """The strategy's scope (variables made in it are mirrored), or no scope at all."""
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str):
+    """Keras's global dtype policy set to ``name`` while models are built, then put back:
+    layers keep the policy they were built with, and nothing leaks to later code."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def loss_scaled(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """``optimizer`` wrapped in dynamic loss scaling (float16 gradients would underflow
+    without it); an optimizer that already scales is kept as it is."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(optimizer)
+
+
+def _replaced(built: Mapping, replacements: Mapping | None, kind: str, label: str) -> dict:
+    """The recipe's parts with the user's replacements, refusing names it does not have."""
+    parts = dict(built)
+    for name, part in (replacements or {}).items():
+        if name not in parts:
+            raise ConfigError(
+                f"{label} has no {kind} named {name!r}"
+                f"{did_you_mean(name, parts)}; its {kind}s: {', '.join(parts)}"
+            )
+        expected = keras.Layer if kind == "model" else keras.optimizers.Optimizer
+        if not isinstance(part, expected):
+            raise ConfigError(
+                f"{kind} {name!r} must be a {expected.__module__}.{expected.__name__}, "
+                f"got {type(part).__name__}"
+            )
+        parts[name] = part
+    return parts
+
+
+def _build_unbuilt(
+    recipe: Recipe, models: Mapping[str, keras.Layer], spec, random, label: str
+) -> None:
+    """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
+    by running every loss once in inference mode on a zero batch of the data's spec."""
+    if all(model.built for model in models.values()):
+        return
+    batch = {
+        key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
+        for key, s in spec.items()
+    }
+    for name, loss_fn in recipe.losses().items():
+        try:
+            forward(loss_fn, name, models, frozenset(), (), batch, random)
+        except BeatloopError:
+            raise
+        except Exception as error:  # a user's model meeting the data: say which, briefly
+            raise DataError(failure_message(label, name, spec, error)) from None
+
+
+def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -> BoundSchedule:
+    try:
+        return bind(
+            recipe.schedule(),
+            models,
+            optimizers,
+            recipe.losses(),
+            spec,
+            context=f"{label}'s schedule",
+            random=random,
+            strategy=strategy,
+        )
+    except BeatloopError:
+        raise
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+        raise DataError(failure_message(label, "schedule", spec, error)) from None

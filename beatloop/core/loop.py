@@ -1,0 +1,177 @@
+"""The compiled loop: up to K steps per call on a data set iterator (Keras's
+``multi_step_on_iterator``).
+
+The end of the data is a count, not an exception crossing the compiled boundary: a call
+says how many steps it ran and whether the last one faulted (a non-finite check), in
+one integer the host reads once (:class:`CallResult`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import tensorflow as tf
+
+from beatloop.core.counters import Counters
+from beatloop.core.numerics import no_checks
+from beatloop.core.options import MAX_STEPS_PER_EXECUTION
+
+Step = Callable[[Mapping[str, tf.Tensor], tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+
+
+@attrs.frozen
+class CallResult:
+    """What one compiled call did: ``ran`` steps (fewer than asked means the data ended
+    or a step faulted); for a faulted step, its ``checks`` (see
+    :mod:`beatloop.core.numerics`).
+
+    In compiled code the call returns one integer, :meth:`status`: the steps it ran,
+    plus a fault flag above every possible count; :meth:`read` decodes it.
+    """
+
+    ran: int
+    faulted: bool = False
+    checks: Any = None
+
+    @staticmethod
+    def status(ran: tf.Tensor, ok: tf.Tensor) -> tf.Tensor:
+        """The call's status as one int32 tensor (in compiled code)."""
+        return ran + (1 - tf.cast(ok, tf.int32)) * MAX_STEPS_PER_EXECUTION
+
+    @classmethod
+    def read(cls, status, checks) -> CallResult:
+        """Decode a call's status; read the checks only when a step faulted."""
+        faulted, ran = divmod(int(status), MAX_STEPS_PER_EXECUTION)
+        return cls(ran, bool(faulted), checks.numpy() if faulted else None)
+
+
+def all_finite(checks: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_all(tf.math.is_finite(checks))
+
+
+class CompiledLoop:
+    """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
+
+    Compiled once, on construction, for the data set's element spec (batch dimension
+    unknown), so a short last batch reuses the same trace; ``trace_count`` counts traces
+    (two when compiled: the K-step loop and the one-step call). A step returns
+    ``(checks, examples)`` with ``checks`` of ``checks`` rows; the loop stops early at the
+    end of the data or at a step whose checks are not all finite. With ``counters`` it
+    numbers the steps from the run's step count and advances the counters once per call.
+    ``compiled=False`` runs the same code eagerly (debugging); ``jit_compile=True``
+    compiles the step with XLA; ``distributed=True`` takes iterators of a distributed
+    data set.
+    """
+
+    def __init__(
+        self,
+        step: Step,
+        steps_per_execution: int,
+        element_spec: Mapping[str, tf.TensorSpec],
+        *,
+        checks: int = 0,
+        counters: Counters | None = None,
+        compiled: bool = True,
+        jit_compile: bool = False,
+        distributed: bool = False,
+    ):
+        if jit_compile and compiled:
+            # XLA compiles the step; the loop around it pulls from the iterator, which
+            # XLA cannot compile. A new batch shape (a short last batch) compiles anew.
+            step = tf.function(step, jit_compile=True)
+        self.step = step
+        self.steps_per_execution = steps_per_execution
+        self.checks = checks
+        self.counters = counters
+        self.trace_count = 0
+        self._limits: dict[int, tf.Tensor] = {}
+        self._multi, self._one = self._compile(element_spec, compiled, distributed)
+
+    def _compile(self, element_spec, compiled: bool, distributed: bool):
+        """The K-step and the one-step functions (``None``: the K-step one serves). Traced here for the data set's spec and
+        called as concrete functions, which skips tf.function's per-call argument
+        matching and cannot retrace; a distributed iterator's spec is known only once it
+        exists, so that case traces on the first call. One step needs no while loop: a
+        conditional on the next batch is cheaper."""
+        if not compiled:
+            return self.multi_step_on_iterator, None
+        if distributed:
+            return tf.function(self.multi_step_on_iterator), None
+        iterator_spec = tf.data.IteratorSpec(dict(element_spec))
+        limit_spec = tf.TensorSpec([], tf.int32, name="limit")
+        multi = tf.function(self.multi_step_on_iterator)
+        one = tf.function(self.one_step_on_iterator)
+        return (
+            multi.get_concrete_function(iterator_spec, limit_spec),
+            one.get_concrete_function(iterator_spec),
+        )
+
+    def first_step_number(self) -> tf.Tensor:
+        """The number of the call's first step: steps run before it."""
+        if self.counters is None:
+            return tf.constant(0, tf.int64)
+        return self.counters.step.read_value()
+
+    def advance(self, ran: tf.Tensor, examples: tf.Tensor) -> None:
+        if self.counters is not None:
+            self.counters.advance(ran, examples)
+
+    def multi_step_on_iterator(self, iterator, limit: tf.Tensor):
+        """Up to ``limit`` steps; returns the call's status and the last step's checks."""
+        self.trace_count += 1
+        first = self.first_step_number()
+
+        def more(count, examples, next_batch, ok, checks):
+            return tf.logical_and(tf.logical_and(count < limit, next_batch.has_value()), ok)
+
+        def body(count, examples, next_batch, ok, checks):
+            number = first + tf.cast(count, tf.int64)
+            checks, size = self.step(next_batch.get_value(), number)
+            ok = all_finite(checks)
+            # Fetch only if another step follows, so no batch is pulled and dropped.
+            following = tf.cond(
+                tf.logical_and(count + 1 < limit, ok),
+                iterator.get_next_as_optional,
+                lambda: next_batch,
+            )
+            return count + 1, examples + size, following, ok, checks
+
+        start = (
+            tf.constant(0),
+            tf.constant(0, tf.int64),
+            iterator.get_next_as_optional(),
+            tf.constant(True),
+            no_checks(self.checks),
+        )
+        count, examples, _, ok, checks = tf.while_loop(more, body, start)
+        self.advance(count, examples)
+        return CallResult.status(count, ok), checks
+
+    def one_step_on_iterator(self, iterator):
+        """At most one step: a conditional on the next batch."""
+        self.trace_count += 1
+        next_batch = iterator.get_next_as_optional()
+
+        def run():
+            checks, size = self.step(next_batch.get_value(), self.first_step_number())
+            return CallResult.status(1, all_finite(checks)), checks, size
+
+        def nothing():
+            return tf.constant(0), no_checks(self.checks), tf.constant(0, tf.int64)
+
+        status, checks, size = tf.cond(next_batch.has_value(), run, nothing)
+        self.advance(tf.cast(next_batch.has_value(), tf.int64), size)
+        return status, checks
+
+    def __call__(self, iterator, limit: int | None = None) -> CallResult:
+        """Run up to ``limit`` (at most K) steps and say how many ran and why it stopped."""
+        limit = self.steps_per_execution if limit is None else min(limit, self.steps_per_execution)
+        if limit == 1 and self._one is not None:
+            status, checks = self._one(iterator)
+        else:
+            if limit not in self._limits:
+                self._limits[limit] = tf.constant(limit, tf.int32)
+            status, checks = self._multi(iterator, self._limits[limit])
+        return CallResult.read(status, checks)

@@ -1,0 +1,47 @@
+"""How the engine runs steps, independent of what the recipe computes."""
+
+from __future__ import annotations
+
+import attrs
+
+ON_NAN = ("raise", "rollback")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+MAX_STEPS_PER_EXECUTION = 1 << 20  # the fault flag of a call's status rides above this
+
+_int = attrs.validators.instance_of(int)
+_bool = attrs.validators.instance_of(bool)
+
+
+@attrs.frozen
+class EngineOptions:
+    """How the engine runs steps, independent of what the recipe computes.
+
+    ``steps_per_execution``: steps per compiled call. ``steps_per_epoch``: end epochs after
+    that many steps (needed for endless data). ``checkpoint_every``: also checkpoint
+    mid-epoch, at the first call boundary at or after every N steps (a run with a run dir
+    always checkpoints at each epoch's end). ``max_to_keep``: checkpoints kept on disk.
+    ``on_nan``: what a non-finite loss or gradient norm does: ``"raise"`` stops the run,
+    ``"rollback"`` restores the last checkpoint and goes on after the offending batch, at
+    most ``max_rollbacks`` times. ``debug``: run the steps eagerly and stop before a
+    non-finite update. ``jit_compile``: compile the training and validation steps with
+    XLA. ``precision``: ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's
+    models under that Keras policy (float32 variables, half-precision compute; outputs
+    reach the losses as float32), and for float16 wraps every optimizer in loss scaling.
+    """
+
+    steps_per_execution: int = attrs.field(
+        default=1,
+        validator=[_int, attrs.validators.ge(1), attrs.validators.lt(MAX_STEPS_PER_EXECUTION)],
+    )
+    debug: bool = attrs.field(default=False, validator=_bool)
+    steps_per_epoch: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([_int, attrs.validators.ge(1)])
+    )
+    checkpoint_every: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([_int, attrs.validators.ge(1)])
+    )
+    max_to_keep: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(1)])
+    on_nan: str = attrs.field(default="raise", validator=attrs.validators.in_(ON_NAN))
+    max_rollbacks: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(0)])
+    jit_compile: bool = attrs.field(default=False, validator=_bool)
+    precision: str = attrs.field(default="float32", validator=attrs.validators.in_(PRECISIONS))

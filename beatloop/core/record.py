@@ -1,0 +1,160 @@
+"""The run record: a run's identity, written as ``run.json`` and into every checkpoint.
+
+A run dir's checkpoints are resumed only by the same run: same recipe, config, seed,
+schedule, model shapes, batch spec and precision. The record holds exactly those; a
+resume compares the checkpoint's record with the new run's once, before anything is
+restored, and a refusal names only what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from beatloop.core.errors import CheckpointError
+
+
+def _lines(value) -> tuple[str, ...]:
+    """A schedule's description as lines (records before run.json held it as one text)."""
+    if isinstance(value, str):
+        return tuple(value.splitlines())
+    return tuple(value)
+
+
+def _json(value) -> Any:
+    """``value`` as JSON gives it back (tuples become lists, other objects text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+@attrs.frozen
+class RunRecord:
+    """What a checkpoint must agree with to be resumed from.
+
+    ``config`` holds the recipe's config as JSON values; ``schedule`` the lines of
+    ``Schedule.describe()``; ``variables`` each model's variable shapes in order (shapes,
+    not paths: Keras numbers layer names per process); ``data`` each training batch key's
+    ``TensorSpec`` as text.
+    """
+
+    recipe: str
+    config: dict = attrs.field(converter=_json)
+    seed: int
+    schedule: tuple[str, ...] = attrs.field(converter=_lines)
+    variables: dict = attrs.field(converter=_json)
+    data: dict = attrs.field(converter=_json)
+    precision: str = "float32"
+
+    @classmethod
+    def of(cls, recipe, bound, batch_spec: Mapping, seed: int, precision: str) -> RunRecord:
+        """The record of a run of ``recipe`` bound as ``bound`` on batches of ``batch_spec``."""
+        return cls(
+            recipe=recipe.name,
+            config=attrs.asdict(recipe.config),
+            seed=seed,
+            schedule=bound.schedule.describe(),
+            variables={
+                name: [list(v.shape) for v in model.variables]
+                for name, model in bound.models.items()
+            },
+            data={key: str(spec) for key, spec in batch_spec.items()},
+            precision=precision,
+        )
+
+    @classmethod
+    def from_json(cls, stored: Mapping[str, Any]) -> RunRecord:
+        """A record as :meth:`to_json` wrote it (or as checkpoints since issue 8 hold it)."""
+        fields = {field.name for field in attrs.fields(cls)}
+        return cls(**{key: value for key, value in stored.items() if key in fields})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "schedule": list(self.schedule)}
+
+    def differences(self, current: RunRecord) -> list[str]:
+        """What differs between this (stored) record and the run about to resume, briefly:
+        a different recipe is all there is to say, and a different config is not
+        repeated as the different schedule and shapes it makes."""
+        if self.recipe != current.recipe:
+            return [f"this run dir holds a {self.recipe!r} run; you asked for {current.recipe!r}"]
+        found = _mapping_differences("config", self.config, current.config)
+        for name in ("seed", "precision"):
+            old, new = getattr(self, name), getattr(current, name)
+            if old != new:
+                found.append(f"{name} is {old!r} in the checkpoint but {new!r} now")
+        if self.config != current.config:
+            return found
+        if self.schedule != current.schedule:
+            new = [line for line in current.schedule if line not in self.schedule]
+            found.append(f"the schedule differs (now: {'; '.join(new or current.schedule)})")
+        found += _shape_differences(self.variables, current.variables)
+        found += _mapping_differences("data", self.data, current.data)
+        return found
+
+    def refuse_if_different(self, current: RunRecord, directory: Path) -> None:
+        """Raise a CheckpointError naming what differs (``directory``: the checkpoints');
+        return quietly when nothing does."""
+        found = self.differences(current)
+        if self.recipe != current.recipe:
+            raise CheckpointError(
+                f"{found[0]} ({Path(directory).parent}: use another run dir for a new run)"
+            )
+        if found:
+            raise CheckpointError(
+                f"the checkpoints in {directory} belong to a different run and will not be "
+                f"restored: {'; '.join(found)}. Use a new run dir, or the same config and "
+                "seed to resume"
+            )
+
+
+def _mapping_differences(name: str, old: Mapping, new: Mapping) -> list[str]:
+    """``name.key is A in the checkpoint but B now`` for every key whose value differs."""
+    return [
+        f"{name}.{key} is {old.get(key)!r} in the checkpoint but {new.get(key)!r} now"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]
+
+
+def _shape_differences(old: Mapping, new: Mapping) -> list[str]:
+    """Per model whose variables differ: the first variable that does, or the counts."""
+    found = []
+    for model in sorted(set(old) | set(new)):
+        before, now = old.get(model), new.get(model)
+        if before == now:
+            continue
+        if before is None or now is None:
+            where = "in the checkpoint" if now is None else "now"
+            found.append(f"model {model!r} exists only {where}")
+        elif len(before) != len(now):
+            found.append(
+                f"model {model!r} has {len(before)} variables in the checkpoint but {len(now)} now"
+            )
+        else:
+            index = next(i for i, (a, b) in enumerate(zip(before, now, strict=True)) if a != b)
+            found.append(
+                f"variable {index} of model {model!r} has shape {tuple(before[index])} in the "
+                f"checkpoint but {tuple(now[index])} now"
+            )
+    return found
+
+
+def write_run_json(path: Path, record: RunRecord, **facts: Any) -> None:
+    """Write ``run.json``: the record, then ``facts`` about this run (epochs, steps per
+    execution, what it resumed from, the variables each beat updates) and the versions
+    that ran it. Written to a temporary file first and renamed, so it is whole or old."""
+    import keras
+    import tensorflow as tf
+
+    versions = {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+    }
+    text = json.dumps({**record.to_json(), **facts, "versions": versions}, indent=2, default=str)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(text + "\n", encoding="utf-8")
+    temporary.replace(path)

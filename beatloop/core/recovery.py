@@ -1,0 +1,185 @@
+"""Recovery: checkpoint save and restore, rollback after a fault, and Ctrl-C.
+
+The engine tells :class:`Recovery` where the run is (the start, a call boundary, an
+epoch's end, a faulted call); Recovery decides whether to save, restores on resume and
+on rollback, and turns Ctrl-C into a checkpoint at the next call boundary. Without a run
+dir there is nothing to save: faults stop the run, and Ctrl-C interrupts as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import warnings
+
+from beatloop.core.callbacks import CallbackList
+from beatloop.core.checkpoints import RunCheckpoints
+from beatloop.core.counters import Counters
+from beatloop.core.errors import NumericsError, RunInterrupted
+from beatloop.core.loop import CallResult
+from beatloop.core.metrics import StepMetrics
+from beatloop.core.numerics import describe_checks
+from beatloop.core.options import EngineOptions
+from beatloop.core.record import RunRecord
+
+
+class InterruptFlag:
+    """Turns Ctrl-C (SIGINT) into a request the engine acts on between compiled calls,
+    so the state it checkpoints is whole; a second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+
+    @contextlib.contextmanager
+    def catching(self, enabled: bool = True):
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def request(signum, frame):
+            if self.requested:
+                signal.signal(signal.SIGINT, previous)
+                raise KeyboardInterrupt
+            self.requested = True
+
+        self.requested = False
+        signal.signal(signal.SIGINT, request)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+class Recovery:
+    """Saves, restores and rolls back one run's checkpoints (none without a run dir)."""
+
+    def __init__(
+        self,
+        checkpoints: RunCheckpoints | None,
+        record: RunRecord,
+        *,
+        callbacks: CallbackList,
+        counters: Counters,
+        metrics: StepMetrics,
+        options: EngineOptions,
+    ):
+        self.checkpoints = checkpoints
+        self.record = record
+        self.callbacks = callbacks
+        self.counters = counters
+        self.metrics = metrics
+        self.options = options
+        #: Paths of the checkpoints written so far by this process, oldest first.
+        self.saved: list[str] = []
+        #: The checkpoint this run resumed from, if it did.
+        self.resumed_from: str | None = None
+        self._resume_checked = False
+        self._saved_step = -1
+        self._rollbacks = 0
+        self._interrupt = InterruptFlag()
+
+    @property
+    def latest(self) -> str | None:
+        return self.checkpoints.latest if self.checkpoints is not None else None
+
+    # --- resume and save ---------------------------------------------------------------
+
+    def resume(self) -> str | None:
+        """Restore the latest readable checkpoint, if there is one, and return its path
+        (the first call does this; later calls return what it found)."""
+        if self.checkpoints is None or self._resume_checked:
+            return self.resumed_from
+        self._resume_checked = True
+        restored = self.checkpoints.restore_latest(self.record)
+        if restored is not None:
+            path, host = restored
+            self.callbacks.restore_state(host.get("callbacks", {}))
+            self._saved_step = int(self.counters.step)
+            self.resumed_from = path
+        return self.resumed_from
+
+    def save(self) -> None:
+        """Write a checkpoint now (with a run dir)."""
+        if self.checkpoints is None:
+            return
+        host = {
+            "position": self.counters.position(),
+            "callbacks": self.callbacks.checkpoint_state(),
+        }
+        self.saved.append(self.checkpoints.save(host, self.record))
+        self._saved_step = int(self.counters.step)
+
+    def save_first(self) -> None:
+        """At the start of a new run: a step-0 checkpoint, something to roll back to."""
+        if self.resumed_from is None:
+            self.save()
+
+    def save_if_due(self) -> None:
+        """At a call boundary within an epoch: save if ``checkpoint_every`` steps passed."""
+        every = self.options.checkpoint_every
+        if self.checkpoints is None or every is None:
+            return
+        if int(self.counters.step) // every > self._saved_step // every:
+            self.save()
+
+    # --- faults ------------------------------------------------------------------------
+
+    def recover(self, result: CallResult, beats) -> None:
+        """A step reported a non-finite loss or gradient norm: roll back to the last
+        checkpoint (``on_nan="rollback"``, while rollbacks are left), else stop."""
+        counters = self.counters
+        where = f"at step {int(counters.step)} (epoch {int(counters.epoch) + 1})"
+        problem = f"{describe_checks(beats, result.checks)} {where}"
+        rolls_back = self.options.on_nan == "rollback" and self.checkpoints is not None
+        if rolls_back and self._rollbacks < self.options.max_rollbacks:
+            self._rollbacks += 1
+            self._roll_back(problem)
+            return
+        advice = (
+            f"; the last good checkpoint is {self.latest}"
+            if self.latest
+            else "; run with debug=True to stop before the bad update is applied"
+        )
+        if self.options.on_nan == "rollback":
+            advice += f" (already rolled back {self._rollbacks} time(s), the most allowed)"
+        raise NumericsError(problem + advice)
+
+    def _roll_back(self, problem: str) -> None:
+        """Restore the last checkpoint but keep the data where it is: training goes on
+        with the batch after the offending one (the batches since the checkpoint are
+        skipped with it)."""
+        position = self.counters.position()
+        path, host = self.checkpoints.restore_latest(self.record)
+        self.callbacks.restore_state(host.get("callbacks", {}))
+        if int(self.counters.epoch_batches) == 0:
+            self.metrics.reset()
+        skipped = position["epoch_batches"] - int(self.counters.epoch_batches)
+        self.counters.move_data_to(position)
+        warnings.warn(
+            f"{problem}; restored {path} (step {int(self.counters.step)}) and skipped "
+            f"{skipped} batch(es) ending with the offending one (rollback {self._rollbacks} "
+            f"of at most {self.options.max_rollbacks})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    # --- Ctrl-C ------------------------------------------------------------------------
+
+    def catching_interrupts(self):
+        """While training: Ctrl-C asks for a stop at the next call boundary (with a run
+        dir, where a checkpoint can be saved; without one Ctrl-C interrupts at once)."""
+        return self._interrupt.catching(enabled=self.checkpoints is not None)
+
+    def stop_if_interrupted(self) -> None:
+        """After Ctrl-C: save a checkpoint at this call boundary and stop the run."""
+        if not self._interrupt.requested:
+            return
+        if int(self.counters.step) != self._saved_step or not self.saved:
+            self.save()
+        raise RunInterrupted(
+            f"interrupted at step {int(self.counters.step)} "
+            f"(epoch {int(self.counters.epoch) + 1}); checkpoint saved: {self.latest}",
+            self.latest,
+        )

@@ -1,0 +1,64 @@
+"""What callbacks see of the run in progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from beatloop.core.binding import BoundSchedule
+from beatloop.core.counters import Counters
+
+
+@attrs.define(eq=False)
+class Run:
+    """The run in progress, as callbacks see it: the recipe (a :class:`beatloop.Recipe`),
+    its bound schedule and models, the counters, and where it writes.
+
+    Set ``stop_training`` to end the run after the current epoch; record files the run
+    writes for people (a sample grid, an image) in ``artifacts`` by name, so the CLI and
+    the result can point to them.
+    """
+
+    recipe: Any
+    bound: BoundSchedule
+    counters: Counters
+    run_dir: Path | None
+    epochs: int
+    steps_per_execution: int
+    steps_per_epoch: int | None
+    seed: int
+    stop_training: bool = False
+    artifacts: dict[str, Path] = attrs.field(factory=dict)
+    #: The checkpoint this run resumed from, if it did.
+    resumed_from: str | None = None
+    #: Paths of the checkpoints written so far by this process, oldest first.
+    checkpoints: list[str] = attrs.field(factory=list)
+
+    @property
+    def models(self):
+        return self.bound.models
+
+    @property
+    def optimizers(self):
+        return self.bound.optimizers
+
+    @property
+    def state(self) -> Counters:
+        """The counters, under the name earlier versions gave them."""
+        return self.counters
+
+    @property
+    def step(self) -> int:
+        """Steps run so far, over all epochs."""
+        return int(self.counters.step)
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed so far (during an epoch: its index, counted from 0)."""
+        return int(self.counters.epoch)
+
+    @property
+    def examples(self) -> int:
+        return int(self.counters.examples)

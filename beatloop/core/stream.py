@@ -1,0 +1,167 @@
+"""The data stream: the training data as passes, the validation data, and letting go of
+their iterators.
+
+A *pass* is one iterator over the training data, from its first batch to its end (or
+to the end of an epoch, with ``steps_per_epoch``). The position in the data is kept in
+the run's counters (passes opened, batches taken from the current pass), so a resumed
+run rebuilds its iterator at the same batch: it opens, and drops, as many iterators as
+the interrupted run had opened (a shuffle that reshuffles each pass is then at the same
+pass), and skips the batches already taken.
+
+Destroying a ``tf.data`` iterator joins its autotuning thread, which can take a third of
+a second when that thread is busy (see ``benchmarks/epoch_boundary.py``). The stream
+hands iterators it is done with to :class:`IteratorReleaser`, which destroys them on a
+thread of its own, so the end of a pass costs the training loop nothing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import tensorflow as tf
+
+from beatloop.core.batches import DataSplit
+from beatloop.core.counters import Counters
+from beatloop.core.errors import DataError
+from beatloop.core.loop import CallResult, CompiledLoop
+
+
+class IteratorReleaser:
+    """Destroys iterators on a thread of its own, in the order they are released.
+
+    ``release`` takes a list holding the iterator, so that the list is the iterator's last
+    reference and clearing it on the releasing thread is what destroys it. ``wait``
+    returns once every released iterator is gone (a run calls it at its end, so no
+    TensorFlow work is left running behind it).
+    """
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def release(self, holder: list) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._drain, name="beatloop-iterator-release", daemon=True
+            )
+            self._thread.start()
+        self._queue.put(holder)
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _drain(self) -> None:
+        while (holder := self._queue.get()) is not None:
+            holder.clear()
+
+
+class DataStream:
+    """A run's training passes and validation passes over one :class:`DataSplit`.
+
+    With a ``strategy`` both data sets are distributed: each global batch is cut into
+    one part per replica.
+    """
+
+    def __init__(
+        self,
+        split: DataSplit,
+        counters: Counters,
+        strategy: tf.distribute.Strategy | None = None,
+    ):
+        self.counters = counters
+        self._train = _distributed(strategy, split.train)
+        self._validation = _distributed(strategy, split.validation)
+        self._current: list = []  # the open pass's iterator, when a pass is open
+        self._releaser = IteratorReleaser()
+
+    @property
+    def has_validation(self) -> bool:
+        return self._validation is not None
+
+    def train(self, loop: CompiledLoop, limit: int) -> CallResult:
+        """One compiled call on the open pass (a pass opens if none is)."""
+        if not self._current:
+            self._current = [iter(self._train)]
+            self.counters.open_pass()
+        return loop(self._current[0], limit)
+
+    def end_pass(self) -> None:
+        """Close the open pass, letting go of its iterator without waiting."""
+        self._let_go()
+        self.counters.close_pass()
+
+    def validate(self, loop: CompiledLoop, limit: int) -> None:
+        """One whole pass over the validation data, ``limit`` steps per call."""
+        current = [iter(self._validation)]
+        try:
+            while loop(current[0], limit).ran == limit:
+                pass
+        finally:
+            self._releaser.release(current)
+
+    def wait(self) -> None:
+        """Until every iterator let go of is destroyed."""
+        self._releaser.wait()
+
+    def reposition(self) -> None:
+        """Rebuild the training iterator at the position the counters hold (after a
+        checkpoint is restored)."""
+        self._let_go()
+        passes, taken = int(self.counters.passes), int(self.counters.pass_batches)
+        open_pass = taken >= 0 and passes > 0
+        for _ in range(passes - 1 if open_pass else passes):
+            iter(self._train)  # never read from: dropping it costs nothing
+        if open_pass:
+            self._current = [iter(self._train)]
+            skipped = int(_skip(self._current[0], tf.constant(taken, tf.int64)))
+            if skipped != taken:
+                raise DataError(
+                    f"cannot resume: the checkpoint is {taken} batches into the training "
+                    f"data, but the data set now gives only {skipped}"
+                )
+
+    def _let_go(self) -> None:
+        if self._current:
+            self._releaser.release(self._current)
+            self._current = []
+
+
+@tf.function(reduce_retracing=True)
+def _skip(iterator, count: tf.Tensor) -> tf.Tensor:
+    """Take ``count`` batches from ``iterator`` and drop them; return how many there were."""
+    taken = tf.constant(0, tf.int64)
+    for _ in tf.range(count):
+        if not iterator.get_next_as_optional().has_value():
+            break
+        taken += 1
+    return taken
+
+
+def _distributed(strategy, dataset):
+    """A data set split across the strategy's replicas: each global batch is cut into
+    one part per replica."""
+    if strategy is None or dataset is None:
+        return dataset
+    return strategy.experimental_distribute_dataset(dataset)
+
+
+def epoch_length(split: DataSplit, steps_per_epoch: int | None) -> int | None:
+    """Steps in one epoch: ``steps_per_epoch`` if given, else the training data set's
+    length if known. Endless data needs ``steps_per_epoch``; endless validation data is
+    refused."""
+    for role, dataset in (("training", split.train), ("validation", split.validation)):
+        if dataset is None or dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
+            continue
+        if role == "validation" or steps_per_epoch is None:
+            raise DataError(
+                f"the {role} data set repeats forever (.repeat() without a count); "
+                + ("give it an end" if role == "validation" else "pass steps_per_epoch=N")
+            )
+    if steps_per_epoch is not None:
+        return steps_per_epoch
+    cardinality = int(split.train.cardinality())
+    return cardinality if cardinality >= 0 else None
