@@ -228,7 +228,7 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
         callbacks=[timer],
         progress=False,
     )
-    beats = [b.beat.name for b in result.bound.beats]
+    beats = [beat.name for beat in result.bound.beats]
     quality = cls.quality_figure
     value = None
     if quality is not None and quality[0] in result.history:

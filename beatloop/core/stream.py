@@ -8,10 +8,11 @@ run rebuilds its iterator at the same batch: it opens, and drops, as many iterat
 the interrupted run had opened (a shuffle that reshuffles each pass is then at the same
 pass), and skips the batches already taken.
 
-Destroying a ``tf.data`` iterator joins its autotuning thread, which can take a third of
-a second when that thread is busy (see ``benchmarks/epoch_boundary.py``). The stream
-hands iterators it is done with to :class:`IteratorReleaser`, which destroys them on a
-thread of its own, so the end of a pass costs the training loop nothing.
+Destroying a ``tf.data`` iterator joins its autotuning thread, and waits while that
+thread is busy (``benchmarks/epoch_boundary.py`` measures what that costs at the end of
+a pass). The stream hands iterators it is done with to :class:`IteratorReleaser`, which
+destroys them on a thread of its own, so the end of a pass costs the training loop
+nothing.
 """
 
 from __future__ import annotations
