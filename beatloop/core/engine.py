@@ -86,16 +86,36 @@ class Engine:
         )
         self._fitting = False
 
-    # The parts most callers look at, by the names they had before the engine was split.
-    recipe = property(lambda self: self.parts.recipe)
-    bound = property(lambda self: self.parts.bound)
-    counters = property(lambda self: self.parts.counters)
-    state = counters
-    train_loop = property(lambda self: self.parts.train_loop)
-    validation_loop = property(lambda self: self.parts.validation_loop)
-    train_metrics = property(lambda self: self.parts.train_metrics)
-    validation_metrics = property(lambda self: self.parts.validation_metrics)
-    checkpoints = property(lambda self: self.recovery.checkpoints)
+    @property
+    def recipe(self) -> Recipe:
+        return self.parts.recipe
+
+    @property
+    def bound(self):
+        """The bound schedule: models, optimizers, beats."""
+        return self.parts.bound
+
+    @property
+    def counters(self):
+        return self.parts.counters
+
+    @property
+    def state(self):
+        """The counters, under the name earlier versions gave them."""
+        return self.parts.counters
+
+    @property
+    def train_loop(self):
+        return self.parts.train_loop
+
+    @property
+    def validation_loop(self):
+        return self.parts.validation_loop
+
+    @property
+    def checkpoints(self):
+        """The run dir's checkpoints (``None`` without a run dir)."""
+        return self.recovery.checkpoints
 
     def resume(self) -> str | None:
         """Restore the latest readable checkpoint in the run dir, if there is one, and
