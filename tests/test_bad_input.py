@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import classifier, tuple_batches
+from helpers import classifier, tuple_batches
 
 import beatloop
 from beatloop import ConfigError, DataError

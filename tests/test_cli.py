@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import history_records
+
 from beatloop.cli import main
 
 
@@ -43,7 +45,7 @@ def test_run_trains_and_writes_the_run_dir(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert f"run dir: {run_dir}" in out and "2 epoch(s), 46 steps, seed 0" in out
-    records = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    records = history_records(run_dir)
     assert [r["epoch"] for r in records] == [1, 2] and records[1]["step"] == 46
     assert records[1]["loss"] < records[0]["loss"]
     assert (run_dir / "history.csv").read_text().splitlines()[0].startswith("epoch,step,loss")

@@ -1,11 +1,11 @@
 """The recipe registry: built-ins and entry-point plugins through one pluggy hook."""
 
 import importlib
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers import run_python
 
 import beatloop
 from beatloop import RecipeNotFoundError, RegistrationError
@@ -149,8 +149,7 @@ def test_import_loads_neither_tensorflow_nor_plugins():
         "import sys, beatloop; "
         "print('tensorflow' in sys.modules, 'beatloop.plugins.registry' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    assert run_python("-c", code).split() == ["False", "False"]
 
 
 PARTIAL_SCHEDULE = '''
@@ -190,7 +189,7 @@ def register_recipes():
 
 
 def test_plugin_schedule_error_names_the_plugin(install_plugin, small_digits):
-    from conftest import tuple_batches
+    from helpers import tuple_batches
 
     install_plugin("bl-partial", "bl_test_partial", PARTIAL_SCHEDULE)
     registry_module.reset_registry()

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import dict_batches
 from scipy.stats import ks_2samp
 
 import beatloop
@@ -135,7 +136,7 @@ def test_outliers_explode_training_without_clipping_and_not_with_it(cases):
 
 def test_risk_from_a_function_of_the_batch_and_multiclass(cases):
     train, _ = cases
-    no_risk = tf.data.Dataset.from_tensor_slices({"x": train["x"], "y": train["y"]}).batch(64)
+    no_risk = dict_batches({"x": train["x"], "y": train["y"]}, 64)
     with pytest.raises(beatloop.DataError, match=r"keys \['risk', 'x', 'y'\]"):
         beatloop.fit("risk_weighted", data=no_risk)
     result = beatloop.fit(
@@ -144,7 +145,7 @@ def test_risk_from_a_function_of_the_batch_and_multiclass(cases):
     assert np.isfinite(result.history["loss"][0])
 
     digits, _ = data.digits_arrays(0)
-    ten = tf.data.Dataset.from_tensor_slices(digits).batch(64)
+    ten = dict_batches(digits, 64)
     result = beatloop.fit(
         "risk_weighted",
         data=ten,
