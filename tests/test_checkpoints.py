@@ -35,6 +35,7 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, s
     return process.returncode, out, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RUNS))
 def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, recipe):
     spec = {**BASE, **RUNS[recipe], "recipe": recipe}
@@ -124,6 +125,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
     assert resumed.resumed_from.endswith("ckpt-3") and resumed.steps == 10
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_clearly_and_keeps_the_checkpoints_before(tmp_path):
     import beatloop
 
@@ -138,6 +140,7 @@ def test_a_full_disk_fails_clearly_and_keeps_the_checkpoints_before(tmp_path):
     assert restored.steps == 24 and restored.checkpoint.endswith("ckpt-5")
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     import beatloop
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import history_records
 
 from beatloop.cli import main
@@ -67,6 +68,7 @@ def test_errors_are_one_line_and_exit_2(capsys):
     assert "no callback named 'tensorbored'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_and_module_entry_point():
     script = Path(sys.executable).parent / "beatloop"
     for command in ([str(script), "list"], [sys.executable, "-m", "beatloop", "list"]):

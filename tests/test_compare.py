@@ -37,6 +37,7 @@ def test_each_set_belongs_to_the_recipe_before_it():
             parse_entries(bad)
 
 
+@pytest.mark.slow
 def test_compare_two_configs_writes_table_json_and_png(tmp_path, capsys):
     from beatloop.cli import main
 

@@ -46,6 +46,7 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_over_two_cpus_matches_one_device(tmp_path):
     out = tmp_path / "mirrored.json"
     finish_all([start("mirrored", out)])
@@ -62,6 +63,7 @@ def test_mirrored_strategy_over_two_cpus_matches_one_device(tmp_path):
             np.testing.assert_allclose(figures["two"][name], values, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_multi_worker_mirrored_with_two_processes_trains_like_one_device(tmp_path):
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}

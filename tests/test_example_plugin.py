@@ -12,6 +12,8 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "beatloop-example-plugin"
 BIN = Path(sys.executable).parent
 
+pytestmark = pytest.mark.slow  # pip and the plugin's runs are other processes
+
 
 def pip(*args):
     command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]

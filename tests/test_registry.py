@@ -144,6 +144,7 @@ def test_register_at_run_time(monkeypatch):
     assert registry.recipe("notebook_recipe").origin == f"registered in {__name__}"
 
 
+@pytest.mark.slow
 def test_import_loads_neither_tensorflow_nor_plugins():
     code = (
         "import sys, beatloop; "
