@@ -42,7 +42,10 @@ def test_k_steps_per_call_give_the_same_training_for_multi_beat_schedules(recipe
     for name in one.optimizers:  # every beat's applies, repeats included
         assert int(four.optimizers[name].iterations) == int(one.optimizers[name].iterations)
     assert_close_weights(all_weights(one.models), all_weights(four.models), rtol=1e-5, atol=1e-6)
+    # Every logged figure too: the epochs' metrics gather the same steps' outputs.
     assert four.history.keys() == one.history.keys()
+    for name, values in one.history.items():
+        np.testing.assert_allclose(four.history[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 # XLA fuses and reorders float operations, so results match to round-off, not bits:
@@ -68,6 +71,5 @@ def test_xla_gan_draws_from_the_same_stream_positions():
     xla = beatloop.fit("gan", data=gan_data(224), config=config, epochs=2, seed=5, jit_compile=True)
     np.testing.assert_array_equal(xla.bound.random.state.numpy(), plain.bound.random.state.numpy())
     assert xla.steps == plain.steps == 14
-    for name in ("d_loss", "g_loss"):
-        assert np.all(np.isfinite(xla.history[name]))
+    for name in ("d_loss", "g_loss"):  # a NaN fails this too
         np.testing.assert_allclose(xla.history[name], plain.history[name], rtol=0.1)
