@@ -95,3 +95,5 @@ def test_a_strategy_refuses_xla_and_debug_and_non_strategies():
 
     with pytest.raises(ConfigError, match="drop jit_compile"):
         beatloop.fit("supervised", strategy=tf.distribute.get_strategy(), jit_compile=True)
+    with pytest.raises(ConfigError, match="without XLA: drop debug"):
+        beatloop.fit("supervised", strategy=tf.distribute.get_strategy(), debug=True)

@@ -54,8 +54,12 @@ def install_plugin(tmp_path, monkeypatch):
 
 
 def test_builtin_recipes_by_name():
-    assert "supervised" in beatloop.recipes()
+    builtin = Registry(load_entry_points=False)
+    names = ["gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
+    assert sorted(builtin.recipes) == names
+    assert {builtin.recipe(name).origin for name in builtin.recipes} == {"built-in"}
     assert beatloop.recipes() == sorted(beatloop.recipes())
+    assert set(beatloop.recipes()) >= set(builtin.recipes)  # plugins may add more
     assert beatloop.get_recipe("supervised") is Supervised
 
 
