@@ -1,4 +1,5 @@
-"""Shared fixtures. TensorFlow is imported once per test process, quietly."""
+"""Shared fixtures (plain helper functions are in ``helpers.py``). TensorFlow is imported
+once per test process, quietly."""
 
 from __future__ import annotations
 
@@ -25,23 +26,3 @@ def small_digits(digits):
         {k: v[:200] for k, v in train.items()},
         {k: v[:100] for k, v in validation.items()},
     )
-
-
-def tuple_batches(arrays, batch_size):
-    """An unshuffled ``(x, y)`` pipeline, the way a user would build one."""
-    import tensorflow as tf
-
-    return tf.data.Dataset.from_tensor_slices((arrays["x"], arrays["y"])).batch(batch_size)
-
-
-def classifier(hidden=16, seed=0, extra_layers=()):
-    """A small seeded digits classifier, built (so its initial weights are fixed)."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    layers = [keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"), *extra_layers]
-    return keras.Sequential([*layers, keras.layers.Dense(10)])
-
-
-def weights(model):
-    return [v.numpy() for v in model.weights]

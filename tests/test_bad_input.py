@@ -5,13 +5,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import classifier, tuple_batches
+from helpers import classifier, tuple_batches
 
 import beatloop
 from beatloop import ConfigError, DataError
 
 
-def test_unknown_config_field_names_the_closest(small_digits):
+def test_unknown_config_field_names_the_closest():
     with pytest.raises(ConfigError, match=r"no config field 'hiden' \(did you mean 'hidden'\?\)"):
         beatloop.fit("supervised", config={"hiden": 8})
 

@@ -39,9 +39,13 @@ def test_bind_resolves_variables_and_builds_optimizers():
     ]
     assert beat.updated_models == ("encoder", "head")
     assert beat.training == frozenset({"encoder", "head"})
-    # Built at bind: slots exist before any update (Adam: 2 per variable + counters).
+    # Built at bind, for these variables: before any update Adam holds its iteration
+    # count, its learning rate, and a momentum and a velocity per variable.
     assert optimizers["opt"].built
-    assert len(optimizers["opt"].variables) > 2 * len(beat.variables)
+    assert len(optimizers["opt"].variables) == 2 + 2 * len(beat.variables)
+    assert {id(v) for v in optimizers["opt"]._trainable_variables} == {
+        id(v) for v in beat.variables
+    }
 
 
 def test_one_error_lists_every_problem():

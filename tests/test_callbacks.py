@@ -1,11 +1,16 @@
 """Built-in callbacks: progress bar on a terminal and off one, log files in the run dir."""
 
 import io
-import json
 
-import numpy as np
 import pytest
-from conftest import tuple_batches
+from helpers import (
+    assert_same_weights,
+    gan_data,
+    history_records,
+    model_weights,
+    same_weights,
+    tuple_batches,
+)
 
 import beatloop
 
@@ -21,16 +26,21 @@ def test_progress_bar_shows_losses_and_throughput_on_a_terminal(small_digits):
     train, _ = small_digits
     screen = Terminal()
     bar = beatloop.ProgressBar(stream=screen, refresh_seconds=0.0)
-    beatloop.fit("supervised", data=tuple_batches(train, 20), epochs=2, seed=0, callbacks=[bar])
+    result = beatloop.fit(
+        "supervised", data=tuple_batches(train, 20), epochs=2, seed=0, callbacks=[bar]
+    )
     text = screen.getvalue()
-    assert "examples/s" in text and "loss " in text and "10/10" in text
-    assert "epoch 2/2  loss" in text
+    assert "examples/s" in text and "10/10" in text  # the bar ran to the epoch's end
+    loss, accuracy = result.history["loss"], result.history["accuracy"]
+    for epoch in range(2):  # each epoch ends in a line of its logged figures
+        summary = f"epoch {epoch + 1}/2  loss {loss[epoch]:.4g}  accuracy {accuracy[epoch]:.4g}  ("
+        assert summary in text
 
 
 def test_progress_bar_prints_one_line_per_epoch_elsewhere(small_digits):
     train, validation = small_digits
     log = io.StringIO()
-    beatloop.fit(
+    result = beatloop.fit(
         "supervised",
         data=(tuple_batches(train, 20), tuple_batches(validation, 20)),
         epochs=3,
@@ -38,8 +48,11 @@ def test_progress_bar_prints_one_line_per_epoch_elsewhere(small_digits):
         callbacks=[beatloop.ProgressBar(stream=log)],
     )
     lines = log.getvalue().splitlines()
-    assert [line.split("  ")[0] for line in lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
-    assert all("val_accuracy" in line and "examples/s" in line for line in lines)
+    assert len(lines) == 3
+    for epoch, line in enumerate(lines):  # the epoch's logged figures, in their order
+        figures = "  ".join(f"{name} {v[epoch]:.4g}" for name, v in result.history.items())
+        assert line.startswith(f"epoch {epoch + 1}/3  {figures}  ("), line
+        assert line.endswith(" examples/s)"), line
 
 
 def test_log_files_hold_each_epoch_once(small_digits, tmp_path):
@@ -53,7 +66,7 @@ def test_log_files_hold_each_epoch_once(small_digits, tmp_path):
         run_dir=run_dir,
         callbacks=[beatloop.JsonLinesLogger(run_dir / "history.jsonl"), beatloop.CsvLogger()],
     )
-    records = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    records = history_records(run_dir)
     assert [r["loss"] for r in records] == result.history["loss"]
     rows = (run_dir / "history.csv").read_text().splitlines()
     assert rows[0] == "epoch,step,loss,accuracy" and len(rows) == 3
@@ -66,7 +79,7 @@ def test_early_stopping_stops_and_restores_the_best_weights(small_digits):
 
     class Snapshot(beatloop.Callback):
         def on_epoch_end(self, run, epoch, logs):
-            snapshots[epoch] = [w.copy() for w in run.models["model"].get_weights()]
+            snapshots[epoch] = model_weights(run.models["model"])
 
     # The training loss falls every epoch, so with mode "max" epoch 0 stays the best.
     stopper = beatloop.EarlyStopping(monitor="loss", mode="max", patience=2)
@@ -76,9 +89,8 @@ def test_early_stopping_stops_and_restores_the_best_weights(small_digits):
     )  # fmt: skip
     assert result.epochs == 3 and len(result.history["loss"]) == 3
     assert stopper.best_epoch == 0 and stopper.stopped_epoch == 2
-    for best, now in zip(snapshots[0], result.models["model"].get_weights(), strict=True):
-        np.testing.assert_array_equal(best, now)
-    assert not np.array_equal(snapshots[2][0], snapshots[0][0])
+    assert_same_weights(snapshots[0], model_weights(result.models["model"]))
+    assert not same_weights(snapshots[2], snapshots[0])
 
 
 def test_early_stopping_modes_and_bad_monitor(small_digits):
@@ -95,13 +107,10 @@ def test_early_stopping_modes_and_bad_monitor(small_digits):
 def test_tensorboard_scalars_learning_rates_and_images_read_back(tmp_path):
     import tensorflow as tf
 
-    from beatloop.data import digits_arrays
     from beatloop.plugins.tensorboard import read_scalars
 
-    train, _ = digits_arrays(0, signed=True)
-    data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:320]}).batch(32)
     result = beatloop.fit(
-        "gan", data=data, epochs=2, seed=0, run_dir=tmp_path,
+        "gan", data=gan_data(320), epochs=2, seed=0, run_dir=tmp_path,
         callbacks=[beatloop.TensorBoard(update_every=4)],
     )  # fmt: skip
     scalars = read_scalars(tmp_path / "tensorboard")

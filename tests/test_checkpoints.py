@@ -5,15 +5,14 @@ disk, a corrupt checkpoint and Ctrl-C leave a run that can go on."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import assert_same_weights, history_records, load_npz, model_weights, start_python
 
 WORKER = Path(__file__).parent / "workers" / "resumable_run.py"
 BEATLOOP = Path(sys.executable).parent / "beatloop"
@@ -28,14 +27,7 @@ BASE = {"epochs": 2, "seed": 3, "checkpoint_every": 8}
 
 
 def start_worker(spec: dict) -> subprocess.Popen:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return start_python(WORKER, json.dumps(spec))
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
@@ -43,15 +35,7 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, s
     return process.returncode, out, err
 
 
-def load(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as archive:
-        return {key: archive[key] for key in archive.files}
-
-
-def history(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RUNS))
 def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, recipe):
     spec = {**BASE, **RUNS[recipe], "recipe": recipe}
@@ -62,7 +46,7 @@ def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, recipe):
     code, _, err = finish(killed)
     assert code == -signal.SIGKILL, err
     assert not (killed_dir / "unused").exists()
-    assert len(history(killed_dir)) == 1  # epoch 1 finished, epoch 2 was cut short
+    assert len(history_records(killed_dir)) == 1  # epoch 1 finished, epoch 2 was cut short
     code, out, err = finish(full)
     assert code == 0, err
 
@@ -73,11 +57,9 @@ def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, recipe):
     assert summary["resumed_from"].endswith("ckpt-5")  # steps 0, 8, 16, 23, 24
     assert summary["steps"] == 46
 
-    expected, got = load(tmp_path / "full.npz"), load(tmp_path / "r.npz")
-    assert sorted(expected) == sorted(got)
-    for key in expected:
-        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
-    assert history(killed_dir) == history(full_dir)  # every logged figure, bit for bit
+    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    # Every logged figure, bit for bit.
+    assert history_records(killed_dir) == history_records(full_dir)
 
 
 def small_run(tmp_path, **overrides):
@@ -109,7 +91,7 @@ def test_a_finished_run_continues_and_a_different_one_is_refused(tmp_path):
     assert more.resumed_from == first.checkpoint
     assert len(more.history["loss"]) == 3
     assert more.history["loss"][:2] == first.history["loss"]
-    assert [row["epoch"] for row in history(tmp_path / "run")] == [1, 2, 3]
+    assert [row["epoch"] for row in history_records(tmp_path / "run")] == [1, 2, 3]
 
     with pytest.raises(CheckpointError, match=r"config\.hidden is 64 in the checkpoint but 32"):
         small_run(tmp_path, epochs=4, config={"hidden": 32})
@@ -146,6 +128,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
     assert resumed.resumed_from.endswith("ckpt-3") and resumed.steps == 10
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_clearly_and_keeps_the_checkpoints_before(tmp_path):
     import beatloop
 
@@ -160,6 +143,7 @@ def test_a_full_disk_fails_clearly_and_keeps_the_checkpoints_before(tmp_path):
     assert restored.steps == 24 and restored.checkpoint.endswith("ckpt-5")
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     import beatloop
 
@@ -195,10 +179,9 @@ def test_learning_rate_schedules_and_optimizer_state_resume(tmp_path):
     optimizer = resumed.optimizers["optimizer"]
     assert int(optimizer.iterations) == 20
     assert float(optimizer.learning_rate) == pytest.approx(0.01 * 0.5 ** (20 / 3))
-    for got, expected in zip(
-        resumed.models["model"].get_weights(), straight.models["model"].get_weights(), strict=True
-    ):
-        np.testing.assert_array_equal(got, expected)
+    assert_same_weights(
+        model_weights(resumed.models["model"]), model_weights(straight.models["model"])
+    )
 
 
 def test_a_run_dir_where_checkpoints_cannot_go_is_refused_before_training(tmp_path):
@@ -222,7 +205,7 @@ def test_callback_state_survives_the_checkpoint_round_trip():
     run = Run(None, bound, None, None, 1, 1, None, 0)
     stopping = EarlyStopping(monitor="val_loss", patience=2)
     stopping.on_epoch_end(run, 0, {"val_loss": 0.5})
-    best = model.get_weights()
+    best = model_weights(model)
     stopping.on_epoch_end(run, 1, {"val_loss": 0.7})
     saved = json.loads(json.dumps(stopping.checkpoint_state()))
     again = EarlyStopping(monitor="val_loss", patience=2)
@@ -232,5 +215,4 @@ def test_callback_state_survives_the_checkpoint_round_trip():
     again.on_epoch_end(run, 2, {"val_loss": 0.9})  # patience runs out after the resume
     assert run.stop_training
     again.on_fit_end(run, {})
-    for got, expected in zip(model.get_weights(), best, strict=True):
-        np.testing.assert_array_equal(got, expected)
+    assert_same_weights(model_weights(model), best)

@@ -5,29 +5,21 @@ weights as one device with the same global batch."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_close_weights, assert_same_weights, load_npz, start_python
 
 WORKER = Path(__file__).parent / "workers" / "distributed_run.py"
 
 
 def start(mode: str, out: Path, tf_config: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("TF_CONFIG", None)
-    if tf_config is not None:
-        env["TF_CONFIG"] = json.dumps(tf_config)
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), mode, str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    """A worker process; only the workers given a ``tf_config`` see a TF_CONFIG."""
+    return start_python(
+        WORKER, mode, out, TF_CONFIG=None if tf_config is None else json.dumps(tf_config)
     )
 
 
@@ -54,6 +46,7 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_over_two_cpus_matches_one_device(tmp_path):
     out = tmp_path / "mirrored.json"
     finish_all([start("mirrored", out)])
@@ -70,6 +63,7 @@ def test_mirrored_strategy_over_two_cpus_matches_one_device(tmp_path):
             np.testing.assert_allclose(figures["two"][name], values, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_multi_worker_mirrored_with_two_processes_trains_like_one_device(tmp_path):
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
@@ -82,14 +76,12 @@ def test_multi_worker_mirrored_with_two_processes_trains_like_one_device(tmp_pat
     finish_all(processes, timeout=240)
 
     def load(path):
-        with np.load(path) as archive:
-            arrays = [archive[f"arr_{i}"] for i in range(len(archive.files) - 1)]
-            return arrays, json.loads(str(archive["history"]))
+        arrays = load_npz(path)
+        return arrays, json.loads(str(arrays.pop("history")))
 
     (first, first_history), (second, _), (single, single_history) = map(load, outputs)
-    for a, b, c in zip(first, second, single, strict=True):
-        np.testing.assert_array_equal(a, b)  # the workers hold one mirrored model
-        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+    assert_same_weights(first, second)  # the workers hold one mirrored model
+    assert_close_weights(first, single, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(first_history["loss"], single_history["loss"], rtol=1e-5)
 
 
@@ -103,3 +95,5 @@ def test_a_strategy_refuses_xla_and_debug_and_non_strategies():
 
     with pytest.raises(ConfigError, match="drop jit_compile"):
         beatloop.fit("supervised", strategy=tf.distribute.get_strategy(), jit_compile=True)
+    with pytest.raises(ConfigError, match="without XLA: drop debug"):
+        beatloop.fit("supervised", strategy=tf.distribute.get_strategy(), debug=True)

@@ -4,11 +4,18 @@ validation in inference mode, events, and debug mode."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-from conftest import classifier, tuple_batches, weights
+from helpers import (
+    CountExecutions,
+    TwoModels,
+    assert_close_weights,
+    assert_same_weights,
+    classifier,
+    model_weights,
+    tuple_batches,
+)
 
 import beatloop
-from beatloop import Beat, Callback, ClipByValue, Recipe, Schedule
+from beatloop import Callback, ClipByValue, Schedule
 from beatloop.core.batches import as_data_split
 from beatloop.core.engine import Engine, EngineOptions
 
@@ -39,29 +46,26 @@ def test_short_last_batch_does_not_retrace(small_digits):
 @pytest.mark.parametrize("k", [3, 32])
 def test_steps_per_execution_runs_k_steps_per_call_with_identical_results(small_digits, k):
     train, _ = small_digits
-    executions = []
-
-    class CountSteps(Callback):
-        def on_execution_end(self, run, steps, logs):
-            executions.append(steps)
-
+    counted = CountExecutions()
     one = engine_for(tuple_batches(train, 16), model=classifier(seed=1))
     one.fit(2)
     many = engine_for(
         tuple_batches(train, 16),
         model=classifier(seed=1),
         options=EngineOptions(steps_per_execution=k),
-        callbacks=[CountSteps()],
+        callbacks=[counted],
     )
     many.fit(2)
     steps_per_epoch = 13  # 200 / 16, rounded up
     full, rest = divmod(steps_per_epoch, k)
-    assert executions == 2 * ([k] * full + [rest])
+    assert counted.steps == 2 * ([k] * full + [rest])
     assert int(many.state.step) == int(one.state.step) == 2 * steps_per_epoch
-    for a, b in zip(
-        weights(one.bound.models["model"]), weights(many.bound.models["model"]), strict=True
-    ):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert_close_weights(
+        model_weights(one.bound.models["model"]),
+        model_weights(many.bound.models["model"]),
+        rtol=1e-6,
+        atol=1e-7,
+    )
 
 
 def test_validation_runs_in_inference_mode_and_touches_no_variable(small_digits):
@@ -196,10 +200,12 @@ def test_debug_mode_runs_eagerly_and_stops_on_non_finite_loss(small_digits):
     eager.fit(1)
     compiled = engine_for(tuple_batches(train, 50), model=classifier(seed=2))
     compiled.fit(1)
-    for a, b in zip(
-        weights(eager.bound.models["model"]), weights(compiled.bound.models["model"]), strict=True
-    ):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_close_weights(
+        model_weights(eager.bound.models["model"]),
+        model_weights(compiled.bound.models["model"]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
     poisoned = dict(train)
     poisoned["x"] = train["x"].copy()
@@ -211,56 +217,19 @@ def test_debug_mode_runs_eagerly_and_stops_on_non_finite_loss(small_digits):
         engine.fit(1)
 
 
-# --- a two-model recipe exercising repeat, every, transforms and training modes -------
+# --- two models, each fitted by its own beat: repeat, every, transforms and training modes
 
 
-class TwoHeads(Recipe):
-    """Two linear models fitted to the same target by their own beats (test recipe)."""
-
-    name = "two_heads_test"
-
-    def __init__(self, schedule, config=None):
-        super().__init__(config)
-        self._schedule = schedule
-        self.modes = []
-
-    def default_data(self, seed):
-        raise NotImplementedError
-
-    def build_models(self, batch_spec):
-        keras.utils.set_random_seed(0)
-        make = lambda name: keras.Sequential(  # noqa: E731
-            [keras.Input((64,)), keras.layers.Dropout(0.5), keras.layers.Dense(1)], name=name
-        )
-        return {"a": make("a"), "b": make("b")}
-
-    def build_optimizers(self):
-        return {"opt_a": keras.optimizers.SGD(0.1), "opt_b": keras.optimizers.SGD(0.1)}
-
-    def losses(self):
-        def fit_target(name):
-            def loss(models, batch):
-                self.modes.append((name, models.is_training("a"), models.is_training("b")))
-                target = tf.cast(batch["y"], tf.float32)[:, None]
-                return tf.reduce_mean(tf.square(models[name](batch["x"]) - target))
-
-            return loss
-
-        return {"loss_a": fit_target("a"), "loss_b": fit_target("b")}
-
-    def schedule(self):
-        return self._schedule
+def two_heads(schedule):
+    """Two linear models fitted to the digit label from the same pixels, through dropout,
+    so whether a model runs in training mode changes what it computes."""
+    return TwoModels(schedule, inputs=("x", "x"), dropout=0.5, learning_rate=0.1)
 
 
 def test_repeat_every_and_the_step_counter(small_digits):
     train, _ = small_digits
-    schedule = Schedule(
-        (
-            Beat(loss="loss_a", optimizer="opt_a", updates="a", repeat=3),
-            Beat(loss="loss_b", optimizer="opt_b", updates="b", every=2),
-        )
-    )
-    engine = Engine(TwoHeads(schedule), as_data_split(tuple_batches(train, 40)))  # 5 steps/epoch
+    schedule = Schedule((TwoModels.beat("a", repeat=3), TwoModels.beat("b", every=2)))
+    engine = Engine(two_heads(schedule), as_data_split(tuple_batches(train, 40)))  # 5 steps/epoch
     engine.fit(2)
     optimizers = engine.bound.optimizers
     assert int(engine.state.step) == 10
@@ -270,33 +239,24 @@ def test_repeat_every_and_the_step_counter(small_digits):
 
 def test_each_beat_updates_only_its_variables_with_its_transform(small_digits):
     train, _ = small_digits
-    schedule = Schedule(
-        Beat(loss="loss_a", optimizer="opt_a", updates="a", transform=ClipByValue(1e-3)),
-        frozen="b",
-    )
-    engine = Engine(TwoHeads(schedule), as_data_split(tuple_batches(train, 40)))
+    schedule = Schedule(TwoModels.beat("a", transform=ClipByValue(1e-3)), frozen="b")
+    engine = Engine(two_heads(schedule), as_data_split(tuple_batches(train, 40)))
     models = engine.bound.models
-    a_before, b_before = weights(models["a"]), weights(models["b"])
+    a_before, b_before = model_weights(models["a"]), model_weights(models["b"])
     engine.fit(1)
-    for before, after in zip(b_before, weights(models["b"]), strict=True):
-        np.testing.assert_array_equal(before, after)
+    assert_same_weights(b_before, model_weights(models["b"]))
     # SGD(0.1) applied 5 times to gradients clipped to ±1e-3 moves each weight ≤ 5e-4.
     moved = [
         np.abs(after - before).max()
-        for before, after in zip(a_before, weights(models["a"]), strict=True)
+        for before, after in zip(a_before, model_weights(models["a"]), strict=True)
     ]
     assert max(moved) == pytest.approx(5 * 0.1 * 1e-3, rel=1e-3)
 
 
 def test_training_mode_defaults_to_updated_models_and_can_be_declared(small_digits):
     train, validation = small_digits
-    schedule = Schedule(
-        (
-            Beat(loss="loss_a", optimizer="opt_a", updates="a"),
-            Beat(loss="loss_b", optimizer="opt_b", updates="b", training=("a", "b")),
-        )
-    )
-    recipe = TwoHeads(schedule)
+    schedule = Schedule((TwoModels.beat("a"), TwoModels.beat("b", training=("a", "b"))))
+    recipe = two_heads(schedule)
     engine = Engine(
         recipe, as_data_split((tuple_batches(train, 100), tuple_batches(validation, 100)))
     )

@@ -4,7 +4,7 @@ event method runs (every N epochs or steps, or once)."""
 from __future__ import annotations
 
 import pytest
-from conftest import tuple_batches
+from helpers import tuple_batches
 
 import beatloop
 from beatloop import Callback, CallbackError, Order, when

@@ -1,40 +1,55 @@
-"""The example plugin package, installed with pip as a user would, then uninstalled."""
+"""The example plugin package, installed with pip as a user would, then uninstalled:
+into a throwaway environment, so neither a passing nor a crashing test changes the
+environment the tests run in."""
 
 import json
-import os
-import subprocess
+import shutil
 import sys
-import textwrap
+import sysconfig
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from helpers import assert_same_weights, load_npz, run_python, same_weights
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "beatloop-example-plugin"
-BIN = Path(sys.executable).parent
+WORKER = Path(__file__).parent / "workers" / "plugin_run.py"
+
+pytestmark = pytest.mark.slow  # a venv, pip and the plugin's runs are other processes
 
 
-def pip(*args):
-    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
-
-
-def beatloop_list():
-    out = subprocess.run(
-        [str(BIN / "beatloop"), "list", "--verbose"], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+def pip(python: Path, *args) -> None:
+    """The live environment's pip (22.3 or later: ``--python``), acting on the
+    environment of ``python``."""
+    run_python("-m", "pip", "--disable-pip-version-check", "-q", "--python", python, *args)
 
 
 @pytest.fixture(scope="module")
-def example_installed():
-    pip("install", "--no-deps", "-e", str(EXAMPLE))
-    yield
-    pip("uninstall", "-y", "beatloop-example-plugin")
+def throwaway(tmp_path_factory) -> Path:
+    """The python of a venv in tmp holding the example plugin. It sees the live
+    environment's packages through a .pth that calls ``site.addsitedir`` on the live
+    site-packages (a plain path line would skip the .pth files there, editable installs
+    among them) and installs nothing else: TensorFlow is not installed twice."""
+    root = tmp_path_factory.mktemp("throwaway")
+    run_python("-m", "venv", "--without-pip", root / "venv")
+    python = root / "venv" / "bin" / "python"
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site_packages = Path(run_python("-c", purelib, python=python).strip())
+    live = sysconfig.get_path("purelib")
+    (site_packages / "live_environment.pth").write_text(f"import site; site.addsitedir({live!r})\n")
+    # A build writes build/ and *.egg-info beside the sources: build from a copy. The
+    # live setuptools builds it (no isolated build environment to download).
+    source = shutil.copytree(EXAMPLE, root / "source")
+    pip(python, "install", "--no-deps", "--no-build-isolation", "--no-index", source)
+    return python
 
 
-def test_list_shows_the_plugin_with_its_origin(example_installed):
-    out = beatloop_list()
+def beatloop_list(python: Path) -> str:
+    return run_python("-m", "beatloop", "list", "--verbose", python=python, timeout=120)
+
+
+def test_list_shows_the_plugin_with_its_origin(throwaway):
+    out = beatloop_list(throwaway)
     line = next(line for line in out.splitlines() if line.startswith("wgan_gp"))
     assert "Wasserstein GAN with gradient penalty" in line
     assert line.endswith("[beatloop-example-plugin]")
@@ -42,25 +57,18 @@ def test_list_shows_the_plugin_with_its_origin(example_installed):
     assert "callback epoch_timer: beatloop_example_plugin.timer.EpochTimer" in out
 
 
-def test_wgan_gp_trains_and_its_critic_loss_behaves(example_installed):
-    script = textwrap.dedent(
-        """
-        import json, beatloop
-        from beatloop.plugins.registry import registry
-        timer = registry().callback("epoch_timer").cls()
-        result = beatloop.fit("wgan_gp", epochs=5, seed=0, callbacks=[timer])
-        print(json.dumps({"history": result.history, "timed": len(timer.seconds),
-                          "critic_applies": int(result.optimizers["critic_opt"].iterations),
-                          "generator_applies": int(result.optimizers["generator_opt"].iterations),
-                          "steps": result.steps}))
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    record = json.loads(out.stdout.strip().splitlines()[-1])
+def test_the_live_environment_never_sees_the_plugin(throwaway):
+    # Installed in the throwaway environment (the test above lists it there), it is
+    # neither in a new process of the live one nor in this process.
+    live = beatloop_list(sys.executable)
+    assert "wgan_gp" not in live and "epoch_timer" not in live
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.distribution("beatloop-example-plugin")
+
+
+def test_wgan_gp_trains_and_its_critic_loss_behaves(throwaway, tmp_path):
+    out = run_python(WORKER, "train", tmp_path, python=throwaway)
+    record = json.loads(out.splitlines()[-1])
     history = record["history"]
     assert record["timed"] == 5
     # n_critic = 5: the critic's optimizer applies five updates per step, the generator's one.
@@ -73,7 +81,21 @@ def test_wgan_gp_trains_and_its_critic_loss_behaves(example_installed):
     assert history["wasserstein"][0] > 0 and history["val_wasserstein"][-1] > 0
 
 
-def test_uninstalling_removes_it(example_installed):
-    pip("uninstall", "-y", "beatloop-example-plugin")
-    out = beatloop_list()
+def test_the_plugins_recipe_resumes_bit_identical(throwaway, tmp_path):
+    out = run_python(WORKER, "resume", tmp_path, python=throwaway)
+    runs = json.loads(out.splitlines()[-1])
+    first, resumed, whole = runs["first"], runs["resumed"], runs["whole"]
+    # 1,437 training digits in batches of 64: 23 steps an epoch.
+    assert (first["steps"], resumed["steps"], whole["steps"]) == (23, 46, 46)
+    assert first["resumed_from"] is None and whole["resumed_from"] is None
+    assert resumed["resumed_from"] == first["checkpoint"]  # the end of epoch 1
+    assert resumed["history"] == whole["history"]  # every logged figure, bit for bit
+    assert_same_weights(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
+    # Epoch 2 trained after the resume: the match is between two trainings.
+    assert not same_weights(load_npz(tmp_path / "first.npz"), load_npz(tmp_path / "resumed.npz"))
+
+
+def test_uninstalling_removes_it(throwaway):
+    pip(throwaway, "uninstall", "-y", "beatloop-example-plugin")
+    out = beatloop_list(throwaway)
     assert "wgan_gp" not in out and "epoch_timer" not in out

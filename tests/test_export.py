@@ -4,7 +4,7 @@ outputs."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import tuple_batches
+from helpers import dict_batches, gan_data, tuple_batches
 
 import beatloop
 
@@ -23,11 +23,7 @@ def test_supervised_classifier_exports_and_reloads(small_digits, tmp_path):
 
 
 def test_gan_exports_its_generator(tmp_path):
-    from beatloop.data import digits_arrays
-
-    train, _ = digits_arrays(0, signed=True)
-    data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:64]}).batch(32)
-    result = beatloop.fit("gan", data=data, epochs=1, seed=0)
+    result = beatloop.fit("gan", data=gan_data(64), epochs=1, seed=0)
     paths = result.export(tmp_path)
     noise = np.random.default_rng(0).normal(size=(5, 16)).astype(np.float32)
     loaded = tf.saved_model.load(str(paths["generator"]))
@@ -38,8 +34,7 @@ def test_gan_exports_its_generator(tmp_path):
 
 def test_multitask_exports_one_model_with_every_head(small_digits, tmp_path):
     train, validation = small_digits
-    data = tf.data.Dataset.from_tensor_slices(train).batch(50)
-    result = beatloop.fit("multitask", data=data, epochs=1, seed=0)
+    result = beatloop.fit("multitask", data=dict_batches(train, 50), epochs=1, seed=0)
     loaded = tf.saved_model.load(str(result.export(tmp_path)["multitask"]))
     served = loaded.serve(validation["x"])
     models = result.models

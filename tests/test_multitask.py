@@ -7,24 +7,18 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import dict_batches, record_weights_per_loss, same_weights
 
 import beatloop
-from beatloop import data
 from beatloop.core.forward import ModelCalls
 from beatloop.recipes.multitask import Multitask, dwa_weights
 
 SPEC = {"x": tf.TensorSpec([None, 64]), "y": tf.TensorSpec([None], tf.int32)}
 
 
-@pytest.fixture(scope="module")
-def digits():
-    return data.digits_arrays(0)
-
-
-def small(arrays, count=256, batch_size=64, **extra):
-    subset = {key: value[:count] for key, value in arrays.items()}
-    subset.update({key: value[:count] for key, value in extra.items()})
-    return tf.data.Dataset.from_tensor_slices(subset).batch(batch_size)
+def small(arrays, count=256, **extra):
+    """The first ``count`` digits (and ``extra`` arrays) in unshuffled batches of 64."""
+    return dict_batches(arrays, 64, count, **extra)
 
 
 def test_joint_beat_gives_every_backbone_and_head_variable_a_gradient(digits):
@@ -49,49 +43,19 @@ def test_joint_beat_gives_every_backbone_and_head_variable_a_gradient(digits):
     assert {id(v) for v in beat.variables} == {id(v) for v in variables}
 
 
-class Snooping(Multitask):
-    """Records every head's variables whenever a beat's loss starts (eager debug mode)."""
-
-    name = "multitask_snooping_test"
-
-    def __init__(self, config=None):
-        super().__init__(config)
-        self.records = []
-
-    def losses(self):
-        def recording(name, loss):
-            def loss_fn(models, batch):
-                if tf.executing_eagerly():
-                    parts = ("backbone", "head_digit", "head_ink")
-                    self.records.append(
-                        (
-                            name,
-                            {p: [v.numpy().copy() for v in models.raw(p).weights] for p in parts},
-                        )
-                    )
-                return loss(models, batch)
-
-            return loss_fn
-
-        return {name: recording(name, fn) for name, fn in super().losses().items()}
-
-
 def test_alternating_beat_leaves_the_other_heads_unchanged(digits):
     train, _ = digits
-    recipe = Snooping(Multitask.Config(schedule="alternating"))
+    recipe = Multitask(Multitask.Config(schedule="alternating"))
+    records = record_weights_per_loss(recipe, ["backbone", "head_digit", "head_ink"])
     result = beatloop.fit(recipe, data=small(train, 128), epochs=1, seed=0, debug=True)
     assert "shared: backbone" in result.schedule.describe()
-    names = [name for name, _ in recipe.records]
-    assert names == ["task_digit", "task_ink"] * 2
+    assert [name for name, _ in records] == ["task_digit", "task_ink"] * 2
 
-    def same(a, b):
-        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-
-    for (beat, before), (_, after) in itertools.pairwise(recipe.records):
+    for (beat, before), (_, after) in itertools.pairwise(records):
         task, other = ("digit", "ink") if beat == "task_digit" else ("ink", "digit")
-        assert same(before[f"head_{other}"], after[f"head_{other}"])
-        assert not same(before[f"head_{task}"], after[f"head_{task}"])
-        assert not same(before["backbone"], after["backbone"])
+        assert same_weights(before[f"head_{other}"], after[f"head_{other}"])
+        assert not same_weights(before[f"head_{task}"], after[f"head_{task}"])
+        assert not same_weights(before["backbone"], after["backbone"])
 
 
 def test_fixed_weights_scale_the_task_losses(digits):

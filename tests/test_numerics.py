@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from helpers import TwoModels, all_finite, dict_batches, model_weights, same_weights
 
 
 def poisoned(digits, bad_batch: int, key: str = "x"):
     """320 training digits in 10 unshuffled batches of 32; batch ``bad_batch`` (from 1)
     holds NaN in ``key``, so it poisons every epoch at the same place. ``key="z"`` adds
     ``z``, a copy of ``x``, and poisons that instead."""
-    import tensorflow as tf
-
     train, validation = digits
     train = {k: np.array(v[:320], copy=True) for k, v in train.items()}
     validation = {k: v[:64] for k, v in validation.items()}
@@ -24,10 +23,7 @@ def poisoned(digits, bad_batch: int, key: str = "x"):
     rows = slice(32 * (bad_batch - 1), 32 * bad_batch)
     train[key] = train[key].astype(np.float32)
     train[key][rows] = np.nan
-    return (
-        tf.data.Dataset.from_tensor_slices(train).batch(32),
-        tf.data.Dataset.from_tensor_slices(validation).batch(32),
-    )
+    return dict_batches(train, 32), dict_batches(validation, 32)
 
 
 def poisoned_run(digits, run_dir, **options):
@@ -39,10 +35,6 @@ def poisoned_run(digits, run_dir, **options):
     return beatloop.fit(
         "supervised", data=data, epochs=2, seed=0, run_dir=run_dir, checkpoint_every=4, **options
     )
-
-
-def finite(models) -> bool:
-    return all(np.isfinite(w).all() for m in models.values() for w in m.get_weights())
 
 
 def test_a_nan_batch_stops_the_run_naming_beat_step_and_checkpoint(digits, tmp_path):
@@ -57,50 +49,7 @@ def test_a_nan_batch_stops_the_run_naming_beat_step_and_checkpoint(digits, tmp_p
     assert "beat 'loss' produced a non-finite gradient global norm (nan) at step 7" in message
     assert message.endswith(f"the last good checkpoint is {tmp_path}/checkpoints/ckpt-2")
     kept = beatloop.restore(tmp_path)  # the checkpoint of step 4 is intact and finite
-    assert kept.steps == 4 and finite(kept.models)
-
-
-class TwoBeats(__import__("beatloop").Recipe):
-    """Beat 'first' fits model a to x; beat 'second' fits model b to z (test recipe)."""
-
-    name = "two_beats_test"
-    batch_keys = {"x": 2, "z": 2, "y": 1}
-
-    def default_data(self, seed):
-        raise NotImplementedError
-
-    def build_models(self, batch_spec):
-        import keras
-
-        make = lambda: keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])  # noqa: E731
-        return {"a": make(), "b": make()}
-
-    def build_optimizers(self):
-        import keras
-
-        return {"opt_a": keras.optimizers.SGD(0.01), "opt_b": keras.optimizers.SGD(0.01)}
-
-    def losses(self):
-        import tensorflow as tf
-
-        def fit(model, key):
-            def loss(models, batch):
-                target = tf.cast(batch["y"], tf.float32)[:, None]
-                return tf.reduce_mean(tf.square(models[model](batch[key]) - target))
-
-            return loss
-
-        return {"first": fit("a", "x"), "second": fit("b", "z")}
-
-    def schedule(self):
-        from beatloop import Beat, Schedule
-
-        return Schedule(
-            (
-                Beat(loss="first", optimizer="opt_a", updates="a"),
-                Beat(loss="second", optimizer="opt_b", updates="b"),
-            )
-        )
+    assert kept.steps == 4 and all_finite(kept.models)
 
 
 def test_the_guard_watches_every_beat_and_stops_at_the_faulty_step(digits):
@@ -108,18 +57,20 @@ def test_the_guard_watches_every_beat_and_stops_at_the_faulty_step(digits):
     from beatloop.core.batches import as_data_split
     from beatloop.core.errors import NumericsError
 
+    # Beat 'fit_a' fits model a to x (clean), beat 'fit_b' fits model b to z (NaN in
+    # batch 3), each a linear model by SGD(0.01).
     engine = Engine(
-        TwoBeats(),
+        TwoModels(inputs=("x", "z"), learning_rate=0.01),
         as_data_split(poisoned(digits, bad_batch=3, key="z")),
         options=EngineOptions(steps_per_execution=8),
     )
-    before = engine.bound.models["a"].get_weights()
-    with pytest.raises(NumericsError, match=r"beat 'second' produced a non-finite loss \(nan\)"):
+    before = model_weights(engine.bound.models["a"])
+    with pytest.raises(NumericsError, match=r"beat 'fit_b' produced a non-finite loss \(nan\)"):
         engine.fit(1)
     # The compiled call of 8 steps stopped at the faulty third step: nothing ran after it.
     assert int(engine.state.step) == 3 and int(engine.state.epoch_batches) == 3
-    assert finite({"a": engine.bound.models["a"]})  # beat 'first' saw clean data
-    assert not np.array_equal(before[0], engine.bound.models["a"].get_weights()[0])
+    assert all_finite({"a": engine.bound.models["a"]})  # beat 'fit_a' saw clean data
+    assert not same_weights(before, model_weights(engine.bound.models["a"]))  # a trained
 
 
 def test_rollback_restores_the_last_checkpoint_and_skips_the_offending_batch(digits, tmp_path):
@@ -133,7 +84,7 @@ def test_rollback_restores_the_last_checkpoint_and_skips_the_offending_batch(dig
     assert "restored" in messages[0] and "(step 4) and skipped 3 batch(es)" in messages[0]
     assert "(step 12) and skipped 2 batch(es)" in messages[1]
     assert result.steps == 15 and result.epochs == 2
-    assert finite(result.models)
+    assert all_finite(result.models)
     assert all(math.isfinite(value) for value in result.history["loss"])
 
 

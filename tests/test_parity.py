@@ -4,7 +4,7 @@ give the same per-epoch loss and the same final weights, to float32 round-off.""
 import keras
 import numpy as np
 import pytest
-from conftest import classifier, tuple_batches, weights
+from helpers import assert_close_weights, classifier, model_weights, tuple_batches
 
 import beatloop
 
@@ -62,5 +62,4 @@ def test_supervised_matches_keras_fit(small_digits, build, batch_size):
         np.testing.assert_allclose(result.history[name], keras_history[name], rtol=RTOL, atol=ATOL)
     # The loss moved: the comparison is between two trainings, not two no-ops.
     assert result.history["loss"][-1] < 0.8 * result.history["loss"][0]
-    for mine, theirs in zip(weights(ours), weights(reference), strict=True):
-        np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=ATOL)
+    assert_close_weights(model_weights(ours), model_weights(reference), rtol=RTOL, atol=ATOL)

@@ -8,13 +8,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import dict_batches, gan_data, model_weights
 
 import beatloop
 
 
 def digits_data(small_digits):
     train, validation = small_digits
-    return tuple(tf.data.Dataset.from_tensor_slices(d).batch(32) for d in (train, validation))
+    return dict_batches(train, 32), dict_batches(validation, 32)
 
 
 @pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
@@ -38,12 +39,10 @@ def test_mixed_precision_trains_like_float32(small_digits, precision):
 
 
 def test_every_optimizer_of_a_gan_is_loss_scaled():
-    from beatloop.data import digits_arrays
-
-    train, _ = digits_arrays(0, signed=True)
-    data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:128]}).batch(32)
     config = {"n_critic": 2, "quality_samples": 32}
-    result = beatloop.fit("gan", data=data, config=config, seed=0, precision="mixed_float16")
+    result = beatloop.fit(
+        "gan", data=gan_data(128), config=config, seed=0, precision="mixed_float16"
+    )
     for name, optimizer in result.optimizers.items():
         assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer), name
     # 4 steps, 2 critic applies each, 1 generator apply: all applied (no overflow here).
@@ -91,7 +90,7 @@ def test_an_overflowing_step_is_skipped_and_the_scale_lowered():
         FarTarget(), as_data_split(data), options=EngineOptions(precision="mixed_float16")
     )
     optimizer = engine.bound.optimizers["sgd"]
-    before = [np.array(w) for w in engine.bound.models["model"].get_weights()]
+    before = model_weights(engine.bound.models["model"])
     engine.fit(1)  # no NumericsError: overflow under loss scaling is not a fault
     assert int(engine.state.step) == 12
     # Each overflowing step halves the scale and applies nothing; once the scaled
@@ -99,7 +98,7 @@ def test_an_overflowing_step_is_skipped_and_the_scale_lowered():
     skipped = 12 - int(optimizer.iterations)
     assert 1 <= skipped < 12
     assert float(optimizer.dynamic_scale) == 2.0**15 / 2**skipped
-    after = engine.bound.models["model"].get_weights()
+    after = model_weights(engine.bound.models["model"])
     assert not np.array_equal(after[1], before[1])
     # Replaying only the applied steps in float32 gives the same bias: skipped steps
     # left no trace.

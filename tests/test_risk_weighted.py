@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import all_weights, assert_close_weights, dict_batches
 from scipy.stats import ks_2samp
 
 import beatloop
@@ -135,16 +136,24 @@ def test_outliers_explode_training_without_clipping_and_not_with_it(cases):
 
 def test_risk_from_a_function_of_the_batch_and_multiclass(cases):
     train, _ = cases
-    no_risk = tf.data.Dataset.from_tensor_slices({"x": train["x"], "y": train["y"]}).batch(64)
+    no_risk = dict_batches({"x": train["x"], "y": train["y"]}, 64)
     with pytest.raises(beatloop.DataError, match=r"keys \['risk', 'x', 'y'\]"):
         beatloop.fit("risk_weighted", data=no_risk)
-    result = beatloop.fit(
-        "risk_weighted", data=no_risk, config={"risk": lambda batch: 1.0 + batch["x"][:, 0] ** 2}
+    by_function = beatloop.fit(
+        "risk_weighted", data=no_risk, seed=0,
+        config={"risk": lambda batch: 1.0 + batch["x"][:, 0] ** 2},
+    )  # fmt: skip
+    # The same weights as a risk column (they vary, from 1 to about 17): the same run.
+    column = {"x": train["x"], "y": train["y"], "risk": 1.0 + train["x"][:, 0] ** 2}
+    by_column = beatloop.fit("risk_weighted", data=dict_batches(column, 64), seed=0)
+    for name, values in by_column.history.items():
+        np.testing.assert_allclose(by_function.history[name], values, rtol=1e-6, err_msg=name)
+    assert_close_weights(
+        all_weights(by_function.models), all_weights(by_column.models), rtol=1e-6, atol=1e-7
     )
-    assert np.isfinite(result.history["loss"][0])
 
     digits, _ = data.digits_arrays(0)
-    ten = tf.data.Dataset.from_tensor_slices(digits).batch(64)
+    ten = dict_batches(digits, 64)
     result = beatloop.fit(
         "risk_weighted",
         data=ten,

@@ -125,7 +125,14 @@ def test_unknown_layer_and_missing_image_are_config_errors(tmp_path):
 def test_run_prints_where_the_stylised_image_is(tmp_path, capsys):
     from beatloop.cli import main
 
-    args = ["run", "style_transfer", "--epochs", "1", "--seed", "0", "--quiet"]
+    args = ["run", "style_transfer", "--epochs", "2", "--seed", "0", "--quiet"]
     args += ["--set", "image_size=32", "--set", "steps_per_epoch=3", "--run-dir", str(tmp_path)]
     assert main(args) == 0
     assert f"stylised image: {tmp_path / 'stylised.png'}" in capsys.readouterr().out
+    # The file it names is the picture as the run left it: epoch 2's, not epoch 1's.
+    first, last, named = (
+        np.asarray(Image.open(tmp_path / name))
+        for name in ("stylised/epoch_001.png", "stylised/epoch_002.png", "stylised.png")
+    )
+    np.testing.assert_array_equal(named, last)
+    assert not np.array_equal(first, last)

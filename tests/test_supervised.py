@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import classifier, tuple_batches, weights
+from helpers import assert_same_weights, classifier, dict_batches, model_weights, tuple_batches
 
 import beatloop
 
@@ -27,17 +27,16 @@ def test_default_run_learns_digits(default_run):
 def test_same_seed_same_run(default_run):
     again = beatloop.fit("supervised", epochs=3, seed=0)
     assert again.history == default_run.history
-    for a, b in zip(
-        weights(again.models["model"]), weights(default_run.models["model"]), strict=True
-    ):
-        np.testing.assert_array_equal(a, b)
+    assert_same_weights(
+        model_weights(again.models["model"]), model_weights(default_run.models["model"])
+    )
 
 
 def test_users_model_optimizer_and_dict_data(small_digits):
     train, validation = small_digits
     model = classifier(hidden=8)
     optimizer = keras.optimizers.SGD(0.1)
-    dict_data = tf.data.Dataset.from_tensor_slices(train).batch(50)
+    dict_data = dict_batches(train, 50)
     result = beatloop.fit(
         "supervised",
         data=(dict_data, tuple_batches(validation, 50)),

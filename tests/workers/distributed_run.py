@@ -4,8 +4,12 @@ and TF_CONFIG must be set before TensorFlow starts).
 ``mirrored OUT``: supervised and gan, each on one device and on a MirroredStrategy over
 two logical CPUs with the same global batch; writes the largest weight difference and
 both histories to OUT (JSON). ``worker OUT``: one worker of a MultiWorkerMirroredStrategy
-(TF_CONFIG from the environment) training supervised; writes its weights to OUT (.npz).
+(TF_CONFIG from the environment) training supervised; writes its weights to OUT (.npz,
+keys ``model/index`` as ``helpers.all_weights`` names them, and ``history``, JSON).
 ``single OUT``: the same supervised run on one device, for reference.
+
+Importing TensorFlow, Keras and beatloop (as ``helpers`` does) leaves the runtime
+uninitialised; the logical devices are set up in ``mirrored`` before anything runs.
 """
 
 from __future__ import annotations
@@ -13,23 +17,26 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: helpers
 
 import numpy as np
 import tensorflow as tf
+from helpers import all_weights, dict_batches, gan_data
+
+import beatloop
 
 
 def digits_data(recipe: str):
     """Unshuffled batches of 32 (256 training digits; 64 validation for supervised)."""
+    if recipe == "gan":
+        return gan_data(256)
     from beatloop.data import digits_arrays
 
-    train, validation = digits_arrays(0, signed=recipe == "gan")
-    if recipe == "gan":
-        return tf.data.Dataset.from_tensor_slices({"x": train["x"][:256]}).batch(32)
-    train = {k: v[:256] for k, v in train.items()}
-    validation = {k: v[:64] for k, v in validation.items()}
-    return tuple(tf.data.Dataset.from_tensor_slices(d).batch(32) for d in (train, validation))
+    train, validation = digits_arrays(0)
+    return dict_batches(train, 32, 256), dict_batches(validation, 32, 64)
 
 
 CONFIGS = {
@@ -38,26 +45,17 @@ CONFIGS = {
 }
 
 
-def starting_weights():
-    """A callback keeping every model's weights as the run starts: how far training
-    moves them is the scale a difference between runs is judged against. (Defined late:
-    beatloop's callbacks import Keras, which must wait for the device setup.)"""
-    import beatloop
+class StartingWeights(beatloop.Callback):
+    """Keeps every model's weights as the run starts: how far training moves them is the
+    scale a difference between runs is judged against."""
 
-    class StartingWeights(beatloop.Callback):
-        weights: list = []
+    weights: dict[str, np.ndarray]
 
-        def on_fit_start(self, run):
-            self.weights = [
-                w for name in sorted(run.models) for w in run.models[name].get_weights()
-            ]
-
-    return StartingWeights()
+    def on_fit_start(self, run):
+        self.weights = all_weights(run.models)
 
 
 def train(recipe: str, strategy=None, callbacks=()):
-    import beatloop
-
     return beatloop.fit(
         recipe,
         data=digits_data(recipe),
@@ -69,12 +67,9 @@ def train(recipe: str, strategy=None, callbacks=()):
     )
 
 
-def weights(result) -> list[np.ndarray]:
-    return [w for name in sorted(result.models) for w in result.models[name].get_weights()]
-
-
-def largest_difference(first, second) -> float:
-    return max(float(np.abs(a - b).max()) for a, b in zip(first, second, strict=True))
+def largest_difference(first: dict, second: dict) -> float:
+    assert sorted(first) == sorted(second)
+    return max(float(np.abs(first[key] - second[key]).max()) for key in first)
 
 
 def mirrored(out: str) -> None:
@@ -83,11 +78,11 @@ def mirrored(out: str) -> None:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     report = {"replicas": strategy.num_replicas_in_sync}
     for recipe in CONFIGS:
-        start = starting_weights()
+        start = StartingWeights()
         one, two = train(recipe, callbacks=[start]), train(recipe, strategy)
         report[recipe] = {
-            "max_difference": largest_difference(weights(one), weights(two)),
-            "max_move": largest_difference(weights(one), start.weights),
+            "max_difference": largest_difference(all_weights(one.models), all_weights(two.models)),
+            "max_move": largest_difference(all_weights(one.models), start.weights),
             "one": one.history,
             "two": two.history,
             "steps": [one.steps, two.steps],
@@ -106,7 +101,7 @@ def single(out: str) -> None:
 
 
 def save(result, out: str) -> None:
-    np.savez(out, *weights(result), history=np.array(json.dumps(result.history)))
+    np.savez(out, **all_weights(result.models), history=np.array(json.dumps(result.history)))
 
 
 if __name__ == "__main__":

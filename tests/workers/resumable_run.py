@@ -1,6 +1,7 @@
 """A training run for the resume tests, in its own process: ``python resumable_run.py
 SPEC_JSON``. It can SIGKILL itself after a given step (a real crash, mid-epoch, at a
-moment the test chooses) or fill its disk, and writes the final weights to an .npz."""
+moment the test chooses) or fill its disk, and writes the final weights to an .npz
+(keys ``model/index``, as ``helpers.all_weights`` names them)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import os
 import resource
 import signal
 import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: helpers
 
 import numpy as np
+from helpers import all_weights
 
 import beatloop
 
@@ -63,12 +67,7 @@ def main(spec: dict) -> int:
     except beatloop.BeatloopError as error:
         print(f"error: {type(error).__name__}: {error}", flush=True)
         return 2
-    arrays = {
-        f"{name}/{index}": weight
-        for name, model in result.models.items()
-        for index, weight in enumerate(model.get_weights())
-    }
-    np.savez(spec["out"], **arrays)
+    np.savez(spec["out"], **all_weights(result.models))
     print(json.dumps({"steps": result.steps, "resumed_from": result.resumed_from}), flush=True)
     return 0
 

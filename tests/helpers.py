@@ -1,0 +1,267 @@
+"""Plain helpers the tests share: weights to compare, small data sets, and a test recipe.
+
+Tests import them as ``from helpers import ...`` (pytest puts this folder on sys.path,
+as it does for ``conftest``); the scripts under ``workers/`` and ``fixtures/`` add this
+folder to their path first. Fixtures live in ``conftest.py``; everything here is a
+plain function or class, usable from a test, a fixture or a worker process alike.
+
+Weights come in two shapes, and every comparison below takes either:
+
+- a list of arrays, one model's (:func:`model_weights`);
+- a dict ``{"model/index": array}`` over several models, sorted by model name
+  (:func:`all_weights`): the same keys as the ``.npz`` files the workers write and
+  :func:`load_npz` reads back, so a run in another process compares key by key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import beatloop
+
+Weights = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+
+# --- weights -------------------------------------------------------------------------------
+
+
+def model_weights(model) -> list[np.ndarray]:
+    """Copies of one model's weights (trainable and not), in the model's order."""
+    return [np.array(v.numpy(), copy=True) for v in model.weights]
+
+
+def all_weights(models: Mapping) -> dict[str, np.ndarray]:
+    """Copies of every model's weights as ``{"name/index": array}``, by model name."""
+    return {
+        f"{name}/{index}": weight
+        for name in sorted(models)
+        for index, weight in enumerate(model_weights(models[name]))
+    }
+
+
+def load_npz(path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, read into memory (the file is closed again)."""
+    with np.load(path) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def _pairs(a: Weights, b: Weights) -> Iterable[tuple[str, np.ndarray, np.ndarray]]:
+    """(label, a's array, b's array): by key for dicts (same keys asserted), by
+    position for lists (same length asserted)."""
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        assert isinstance(a, Mapping) and isinstance(b, Mapping), "a dict against a list"
+        assert sorted(a) == sorted(b), f"different weights: {sorted(a)} != {sorted(b)}"
+        return [(key, a[key], b[key]) for key in sorted(a)]
+    assert len(a) == len(b), f"{len(a)} weights against {len(b)}"
+    return [(f"weight {index}", x, y) for index, (x, y) in enumerate(zip(a, b, strict=True))]
+
+
+def same_weights(a: Weights, b: Weights) -> bool:
+    """Whether two sets of weights are equal to the bit (shapes included)."""
+    return all(np.array_equal(x, y) for _, x, y in _pairs(a, b))
+
+
+def assert_same_weights(a: Weights, b: Weights) -> None:
+    """Fail, naming the first weight that differs, unless a and b are bit-identical."""
+    for label, x, y in _pairs(a, b):
+        np.testing.assert_array_equal(x, y, err_msg=label)
+
+
+def assert_close_weights(a: Weights, b: Weights, *, rtol: float, atol: float) -> None:
+    """Fail, naming the first weight that differs, unless a and b agree to tolerance
+    (each test states its own, and why)."""
+    for label, x, y in _pairs(a, b):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=label)
+
+
+def all_finite(models: Mapping) -> bool:
+    """Whether every weight of every model is finite (no NaN, no Inf)."""
+    return all(np.isfinite(w).all() for w in all_weights(models).values())
+
+
+# --- data ----------------------------------------------------------------------------------
+
+
+def tuple_batches(arrays: Mapping[str, np.ndarray], batch_size: int) -> tf.data.Dataset:
+    """An unshuffled ``(x, y)`` pipeline, the way a user would build one."""
+    return tf.data.Dataset.from_tensor_slices((arrays["x"], arrays["y"])).batch(batch_size)
+
+
+def dict_batches(
+    arrays: Mapping[str, np.ndarray], batch_size: int, count: int | None = None, **extra
+) -> tf.data.Dataset:
+    """Unshuffled batches of dicts: the first ``count`` rows (all by default) of every
+    array in ``arrays``, plus any ``extra`` arrays under their keyword names."""
+    rows = {key: values[:count] for key, values in {**arrays, **extra}.items()}
+    return tf.data.Dataset.from_tensor_slices(rows).batch(batch_size)
+
+
+def gan_data(count: int, batch_size: int = 32) -> tf.data.Dataset:
+    """The first ``count`` training digits, pixels in [-1, 1], as unshuffled ``{"x"}``
+    batches: what the GAN recipe trains on."""
+    from beatloop.data import digits_arrays
+
+    train, _ = digits_arrays(0, signed=True)
+    return dict_batches({"x": train["x"]}, batch_size, count)
+
+
+def history_records(run_dir) -> list[dict]:
+    """The rows of a run dir's ``history.jsonl``, one an epoch, as the run logged them."""
+    lines = (Path(run_dir) / "history.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+# --- other processes ----------------------------------------------------------------------
+
+
+def python_env(**changes: str | None) -> dict[str, str]:
+    """This process's environment with TensorFlow's C++ logging quiet, and ``changes``
+    applied (a value of None removes the variable)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def start_python(*args: str, python=sys.executable, **env: str | None) -> subprocess.Popen:
+    """Start ``python ARGS`` in the environment :func:`python_env` gives for ``env``,
+    its stdout and stderr read back as text; the caller waits for it."""
+    command = [str(python), *map(str, args)]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(**env)
+    )
+
+
+def run_python(*args: str, python=sys.executable, timeout: float = 300, **env: str | None) -> str:
+    """Run ``python ARGS`` to its end as :func:`start_python` starts it (killed after
+    ``timeout`` seconds) and return its stdout; a non-zero exit fails the test with the
+    end of its stderr."""
+    done = subprocess.run(
+        [str(python), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=python_env(**env),
+    )
+    assert done.returncode == 0, f"{args} exited with {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+# --- models and recipes --------------------------------------------------------------------
+
+
+def classifier(hidden: int = 16, seed: int = 0, extra_layers=()) -> keras.Model:
+    """A small seeded digits classifier, built (so its initial weights are fixed)."""
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"), *extra_layers]
+    return keras.Sequential([*layers, keras.layers.Dense(10)])
+
+
+class TwoModels(beatloop.Recipe):
+    """Two small models, each fitted by its own beat (test recipe).
+
+    Models ``a`` and ``b`` are each one Dense(1) over 64 inputs (after a Dropout of
+    ``dropout``, if not 0), built from ``seed``; ``a`` reads batch key ``inputs[0]``,
+    ``b`` reads ``inputs[1]``. Beat ``fit_a`` (optimizer ``opt_a``, SGD at
+    ``learning_rate``) fits ``a`` to ``y`` by squared error, beat ``fit_b`` fits ``b``.
+    The schedule is ``schedule``, or the two beats once each per step; build one with
+    :meth:`beat`. ``modes`` records ``(model, a training?, b training?)`` each time a
+    loss runs (when traced, or every step in debug mode).
+    """
+
+    name = "two_models_test"
+
+    def __init__(
+        self,
+        schedule: beatloop.Schedule | None = None,
+        *,
+        inputs: tuple[str, str] = ("x", "x"),
+        dropout: float = 0.0,
+        learning_rate: float = 0.1,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if schedule is None:
+            schedule = beatloop.Schedule((self.beat("a"), self.beat("b")))
+        self._schedule = schedule
+        self.inputs = dict(zip("ab", inputs, strict=True))
+        self.batch_keys = {**{key: 2 for key in inputs}, "y": 1}
+        self.dropout, self.learning_rate, self.seed = dropout, learning_rate, seed
+        self.modes: list[tuple[str, bool, bool]] = []
+
+    @staticmethod
+    def beat(model: str, **options) -> beatloop.Beat:
+        """The beat that fits ``model`` ("a" or "b"), with any Beat options."""
+        return beatloop.Beat(
+            loss=f"fit_{model}", optimizer=f"opt_{model}", updates=model, **options
+        )
+
+    def default_data(self, seed):
+        raise NotImplementedError("a test passes its data")
+
+    def build_models(self, batch_spec):
+        keras.utils.set_random_seed(self.seed)
+        dropout = [keras.layers.Dropout(self.dropout)] if self.dropout else []
+        return {
+            name: keras.Sequential([keras.Input((64,)), *dropout, keras.layers.Dense(1)], name=name)
+            for name in ("a", "b")
+        }
+
+    def build_optimizers(self):
+        return {f"opt_{name}": keras.optimizers.SGD(self.learning_rate) for name in ("a", "b")}
+
+    def losses(self):
+        def fit(name):
+            def loss(models, batch):
+                self.modes.append((name, models.is_training("a"), models.is_training("b")))
+                target = tf.cast(batch["y"], tf.float32)[:, None]
+                return tf.reduce_mean(tf.square(models[name](batch[self.inputs[name]]) - target))
+
+            return loss
+
+        return {"fit_a": fit("a"), "fit_b": fit("b")}
+
+    def schedule(self):
+        return self._schedule
+
+
+class CountExecutions(beatloop.Callback):
+    """Records how many steps each compiled call ran, in order, in ``steps``."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_execution_end(self, run, steps, logs):
+        self.steps.append(steps)
+
+
+def record_weights_per_loss(recipe: beatloop.Recipe, model_names: Sequence[str]) -> list:
+    """Make ``recipe`` record the weights of ``model_names`` whenever one of its losses
+    starts, and return the list the records go to: ``(loss name, {model: weights})``.
+
+    Records are taken only when the loss runs eagerly (``fit(..., debug=True)``), so each
+    one sits between two updates and consecutive records show what a beat changed."""
+    records: list[tuple[str, dict[str, list[np.ndarray]]]] = []
+    losses = recipe.losses
+
+    def recording(name: str, loss: Callable) -> Callable:
+        def loss_fn(models, batch):
+            if tf.executing_eagerly():
+                records.append((name, {m: model_weights(models.raw(m)) for m in model_names}))
+            return loss(models, batch)
+
+        return loss_fn
+
+    recipe.losses = lambda: {name: recording(name, fn) for name, fn in losses().items()}
+    return records
