@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common import spread
+
 HERE = Path(__file__).resolve().parent
 RATIO = re.compile(r"(?<!>= )(?<![\d.])(\d+\.\d+)x\b")
 FIGURE = re.compile(r"±?[\d,]*\.?\d+%?x?")
@@ -53,12 +55,6 @@ def run(checkout: Path, script: str, arguments: list[str]) -> dict[str, list[flo
     if done.returncode != 0:
         sys.exit(f"{script} failed on {checkout}:\n{done.stderr[-3000:]}")
     return ratios(done.stdout)
-
-
-def spread(values: list[float]) -> str:
-    if len(values) < 2:
-        return ""
-    return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
 
 
 def main(argv=None) -> int:

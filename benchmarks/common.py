@@ -5,7 +5,30 @@ from __future__ import annotations
 import statistics
 import time
 
+import keras
+
 import beatloop
+
+
+def spread(values: list[float]) -> str:
+    """Half the min-max range over repeats as a percentage of the median ("" for one)."""
+    if len(values) < 2:
+        return ""
+    return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+
+
+class KerasTimer(keras.callbacks.Callback):
+    """Wall time of each Keras ``fit`` epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.times: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.times.append(time.perf_counter() - self._start)
 
 
 class EpochTimer(beatloop.Callback):

@@ -30,7 +30,7 @@ import attrs
 import keras
 import numpy as np
 import tensorflow as tf
-from common import EpochTimer
+from common import EpochTimer, KerasTimer, spread
 
 import beatloop
 
@@ -110,23 +110,6 @@ class TrainMetrics:
 
     def results(self) -> dict[str, float]:
         return {"loss": float(self.loss.result()), "accuracy": float(self.accuracy.result())}
-
-
-# --- epoch timers -----------------------------------------------------------------------
-
-
-class KerasTimer(keras.callbacks.Callback):
-    """Wall time of each Keras ``fit`` epoch."""
-
-    def __init__(self):
-        super().__init__()
-        self.times: list[float] = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.times.append(time.perf_counter() - self._start)
 
 
 # --- the loops: each trains a fresh model and returns its epoch times ---------------------
@@ -350,13 +333,6 @@ def ratios(median: dict[str, dict[int, float]], sizes: list[int]) -> list[dict]:
     ]
 
 
-def spread(values: list[float]) -> str:
-    """Half the min-max range as a percentage of the median ("" for a single repeat)."""
-    if len(values) < 2:
-        return ""
-    return f" ±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
-
-
 def print_report(settings, rates, median, ratio_rows) -> None:
     """The throughput table, then the ratios against their targets."""
     sizes = settings.batch_sizes
@@ -369,7 +345,7 @@ def print_report(settings, rates, median, ratio_rows) -> None:
     print(header)
     print("-" * len(header))
     for loop in LOOPS:
-        cells = (f"{median[loop.key][s]:>10,.0f}{spread(rates[loop.key][s]):<6}" for s in sizes)
+        cells = (f"{median[loop.key][s]:>10,.0f} {spread(rates[loop.key][s]):<5}" for s in sizes)
         print(f"{loop.label:<34}" + "".join(f"{c:>18}" for c in cells))
 
     print(f"\n{'ratio':<42}" + "".join(f"{'batch ' + str(s):>14}" for s in sizes) + "  target")
