@@ -30,6 +30,7 @@ _EXPORTS = {
     "Recipe": "beatloop.core.recipe",
     "Beat": "beatloop.core.beats",
     "Schedule": "beatloop.core.beats",
+    "Group": "beatloop.core.beats",
     "ClipByGlobalNorm": "beatloop.core.beats",
     "ClipByNorm": "beatloop.core.beats",
     "ClipByValue": "beatloop.core.beats",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         ClipByNorm,
         ClipByValue,
         ClipValues,
+        Group,
         Schedule,
     )
     from beatloop.core.binding import bind

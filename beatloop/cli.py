@@ -169,7 +169,13 @@ def _show(args) -> int:
     for line in schedule.describe().splitlines():
         print(f"  {line}")
     spec = recipe.default_data(0).train.element_spec
-    bound = bind(schedule, recipe.build_models(spec), recipe.build_optimizers(), recipe.losses())
+    bound = bind(
+        schedule,
+        recipe.build_models(spec),
+        recipe.build_optimizers(),
+        recipe.losses(),
+        forwards=recipe.forwards(),
+    )
     print("\nvariables each beat updates (default models):")
     for line in bound.describe_variables().splitlines():
         print(f"  {line}")

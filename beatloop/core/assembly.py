@@ -12,11 +12,12 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.batches import DataSplit, check_split
+from beatloop.core.beats import Group
 from beatloop.core.binding import BoundSchedule, bind
 from beatloop.core.callbacks import Callback
 from beatloop.core.counters import Counters
 from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_mean
-from beatloop.core.forward import forward
+from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.op_errors import failure_message
@@ -71,7 +72,10 @@ def assemble(
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
         bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
         beat_names = [beat.name for beat in bound.beats]
-        train_metrics = StepMetrics(beat_names, recipe.build_metrics())
+        last_logged = [beat.name for beat in bound.beats if beat.log == "last"]
+        train_metrics = StepMetrics(
+            beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
+        )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
     train_loop, validation_loop = _loops(
         recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
@@ -181,16 +185,26 @@ def _build_unbuilt(
     recipe: Recipe, models: Mapping[str, keras.Layer], spec, random, label: str
 ) -> None:
     """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
-    by running every loss once in inference mode on a zero batch of the data's spec."""
+    by running every lone beat's loss and every group's forward once in inference mode on
+    a zero batch of the data's spec."""
     if all(model.built for model in models.values()):
         return
     batch = {
         key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
         for key, s in spec.items()
     }
-    for name, loss_fn in recipe.losses().items():
+    losses, forwards = recipe.losses(), recipe.forwards()
+    for entry in recipe.schedule().beats:
+        grouped = isinstance(entry, Group)
+        name = entry.forward if grouped else entry.loss
+        function = (forwards if grouped else losses).get(name)
+        if function is None:  # binding names what is missing
+            continue
         try:
-            forward(loss_fn, name, models, frozenset(), (), batch, random)
+            if grouped:
+                shared_forward(function, models, frozenset(), batch, random)
+            else:
+                forward(function, name, models, frozenset(), (), batch, random)
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly
@@ -208,6 +222,7 @@ def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -
             context=f"{label}'s schedule",
             random=random,
             strategy=strategy,
+            forwards=recipe.forwards(),
         )
     except BeatloopError:
         raise

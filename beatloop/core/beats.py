@@ -1,15 +1,17 @@
 """Beats and schedules: what one training step does, as printable, comparable data.
 
 A :class:`Beat` is one gradient update (a loss, the optimizer that applies it, the
-variables it updates); a :class:`Schedule` is the ordered beats of one step plus the
-variables declared frozen or shared. Neither holds a TensorFlow object: binding them to
-built models is :mod:`beatloop.core.binding`'s job.
+variables it updates); a :class:`Group` is beats whose gradients all come from one
+forward computation and one state; a :class:`Schedule` is the ordered beats and groups
+of one step plus the variables declared frozen or shared. None holds a TensorFlow
+object: binding them to built models is :mod:`beatloop.core.binding`'s job.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 import attrs
 import tensorflow as tf
@@ -132,7 +134,9 @@ class Beat:
     beat updates. ``repeat`` runs the beat several times per step on the same batch;
     ``every`` runs it only on steps whose number is a multiple of ``every``.
     ``transform`` changes the gradients before the update; ``constraint`` maps the
-    updated variables after it.
+    updated variables after it. ``log`` chooses the figure logged under the beat's name:
+    ``"mean"`` (its loss averaged over the epoch's steps and repeats, weighted by batch
+    size, as Keras's loss tracker) or ``"last"`` (the last step's last repeat).
     """
 
     loss: str = attrs.field(validator=_identifier)
@@ -152,6 +156,9 @@ class Beat:
     )
     constraint: Constraint | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(ClipValues))
+    )
+    log: Literal["mean", "last"] = attrs.field(
+        default="mean", validator=attrs.validators.in_(("mean", "last"))
     )
 
     def __attrs_post_init__(self) -> None:
@@ -177,23 +184,87 @@ class Beat:
             parts.append(f"training={','.join(self.training) or '(none)'}")
         if self.constraint is not None:
             parts.append(f"constraint=({self.constraint.describe()})")
+        if self.log != "mean":
+            parts.append(f"log={self.log}")
         return " ".join(parts)
 
 
-def _beats(value) -> tuple[Beat, ...]:
-    return (value,) if isinstance(value, Beat) else tuple(value)
+def _grouped_beats(instance, attribute, value) -> None:
+    if not value:
+        raise ValueError("a group needs at least one beat")
+    for beat in value:
+        if not isinstance(beat, Beat):
+            raise TypeError(f"a group holds Beat values, got {type(beat).__name__}")
+        per_beat = [f for f in ("repeat", "every") if getattr(beat, f) != 1]
+        per_beat += ["training"] if beat.training is not None else []
+        if per_beat:
+            raise ValueError(
+                f"beat {beat.name!r} sets {', '.join(per_beat)}, but in a group the beats "
+                "share one forward: set them on the Group instead"
+            )
+
+
+@attrs.frozen
+class Group:
+    """Beats updated *simultaneously*: one forward computation, every beat's gradients
+    taken from the same state, then each beat's optimizer applies its own.
+
+    ``forward`` names a function of the recipe's ``forwards()``: it takes
+    ``(models, batch)`` and returns the outputs (a dict) that each beat's loss then takes
+    as ``(outputs, batch)``. ``training``, ``repeat`` and ``every`` work as on a
+    :class:`Beat`, for the whole group: ``training=None`` runs the models any of its
+    beats update in training mode; ``repeat`` runs forward, gradients and updates again.
+    """
+
+    forward: str = attrs.field(validator=_identifier)
+    beats: tuple[Beat, ...] = attrs.field(converter=tuple, validator=_grouped_beats)
+    name: str = attrs.field(default=None)
+    repeat: int = attrs.field(default=1, validator=_positive_int)
+    every: int = attrs.field(default=1, validator=_positive_int)
+    training: tuple[str, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_as_tuple)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.name is None:
+            object.__setattr__(self, "name", self.forward)
+        _identifier(self, attrs.fields(Group).name, self.name)
+
+    def describe(self) -> str:
+        """One line: the group, its forward, then each beat in brackets."""
+        parts = [f"{self.name}: simultaneous forward={self.forward}"]
+        if self.repeat != 1:
+            parts.append(f"repeat={self.repeat}")
+        if self.every != 1:
+            parts.append(f"every={self.every}")
+        if self.training is not None:
+            parts.append(f"training={','.join(self.training) or '(none)'}")
+        parts.extend(f"[{beat.describe()}]" for beat in self.beats)
+        return " ".join(parts)
+
+
+Step = Beat | Group
+
+
+def _entries(value) -> tuple[Step, ...]:
+    return (value,) if isinstance(value, Beat | Group) else tuple(value)
+
+
+def _flat(entries) -> tuple[Beat, ...]:
+    return tuple(b for e in entries for b in (e.beats if isinstance(e, Group) else (e,)))
 
 
 @attrs.frozen
 class Schedule:
-    """The ordered beats of one training step, and the variables frozen or shared.
+    """The ordered beats (and groups of beats) of one training step, and the variables
+    frozen or shared.
 
     ``frozen`` selectors name trainable variables no beat may update (e.g. a fixed
     feature network); ``shared`` selectors name variables that several beats update on
     purpose (e.g. a multi-task backbone). Both use the selector syntax of ``Beat.updates``.
     """
 
-    beats: tuple[Beat, ...] = attrs.field(converter=_beats)
+    beats: tuple[Step, ...] = attrs.field(converter=_entries)
     frozen: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple, validator=_selectors)
     shared: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple, validator=_selectors)
 
@@ -201,24 +272,36 @@ class Schedule:
     def _check_beats(self, attribute, value) -> None:
         if not value:
             raise ValueError("a schedule needs at least one beat")
-        for beat in value:
-            if not isinstance(beat, Beat):
-                raise TypeError(f"a schedule holds Beat values, got {type(beat).__name__}")
-        names = [b.name for b in value]
+        for entry in value:
+            if not isinstance(entry, Beat | Group):
+                raise TypeError(
+                    f"a schedule holds Beat and Group values, got {type(entry).__name__}"
+                )
+        names = [b.name for b in _flat(value)] + [g.name for g in value if isinstance(g, Group)]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(
-                f"beat names must be unique within a schedule; repeated: {', '.join(repeated)} "
-                "(give each beat a distinct `name`)"
+                "beat and group names must be unique within a schedule; repeated: "
+                f"{', '.join(repeated)} (give each a distinct `name`)"
             )
+
+    @property
+    def all_beats(self) -> tuple[Beat, ...]:
+        """Every beat in step order, those in groups included."""
+        return _flat(self.beats)
 
     @property
     def loss_names(self) -> tuple[str, ...]:
         """Distinct loss names in beat order."""
-        return tuple(dict.fromkeys(b.loss for b in self.beats))
+        return tuple(dict.fromkeys(b.loss for b in self.all_beats))
+
+    @property
+    def forward_names(self) -> tuple[str, ...]:
+        """Distinct forward names of the schedule's groups, in order."""
+        return tuple(dict.fromkeys(e.forward for e in self.beats if isinstance(e, Group)))
 
     def describe(self) -> str:
-        """Multi-line text: one line per beat, then frozen and shared selectors."""
+        """Multi-line text: one line per beat or group, then frozen and shared selectors."""
         lines = [f"{i}. {beat.describe()}" for i, beat in enumerate(self.beats, 1)]
         if self.frozen:
             lines.append(f"frozen: {', '.join(self.frozen)}")

@@ -11,93 +11,14 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 
-import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.beats import Beat, Schedule
+from beatloop.core.beats import Beat, Group, Schedule
+from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError, did_you_mean
-from beatloop.core.forward import forward
 
-
-@attrs.frozen
-class BoundBeat:
-    """A beat with its names resolved to the objects it uses; reads like its beat
-    (``name``, ``repeat``, ``every``, ``transform``, ``constraint``)."""
-
-    beat: Beat
-    loss_fn: Callable
-    optimizer: keras.optimizers.Optimizer
-    variables: tuple[keras.Variable, ...]
-    updated_models: tuple[str, ...]
-    training: frozenset[str]
-
-    @property
-    def name(self) -> str:
-        return self.beat.name
-
-    @property
-    def loss_name(self) -> str:
-        return self.beat.loss
-
-    @property
-    def optimizer_name(self) -> str:
-        return self.beat.optimizer
-
-    @property
-    def repeat(self) -> int:
-        return self.beat.repeat
-
-    @property
-    def every(self) -> int:
-        return self.beat.every
-
-    @property
-    def transform(self):
-        return self.beat.transform
-
-    @property
-    def constraint(self):
-        return self.beat.constraint
-
-    def forward(
-        self,
-        models: Mapping[str, keras.Layer],
-        batch,
-        *,
-        training: bool = True,
-        random: tf.random.Generator | None = None,
-    ):
-        """This beat's loss and outputs; ``training=False`` runs every model in inference;
-        ``random`` is the generator the loss draws noise from."""
-        return forward(
-            self.loss_fn,
-            self.name,
-            models,
-            self.training if training else frozenset(),
-            tuple(models[name] for name in self.updated_models),
-            batch,
-            random,
-        )
-
-
-@attrs.frozen
-class BoundSchedule:
-    """A validated schedule bound to the models, optimizers and losses of one run."""
-
-    schedule: Schedule
-    beats: tuple[BoundBeat, ...]
-    models: Mapping[str, keras.Layer]
-    optimizers: Mapping[str, keras.optimizers.Optimizer]
-    random: tf.random.Generator = attrs.field(factory=lambda: tf.random.Generator.from_seed(0))
-
-    def describe_variables(self) -> str:
-        """Each beat followed by the paths and shapes of the variables it updates."""
-        lines = []
-        for beat in self.beats:
-            lines.append(f"{beat.name} ({len(beat.variables)} variables):")
-            lines.extend(f"    {v.path} {tuple(v.shape)}" for v in beat.variables)
-        return "\n".join(lines)
+__all__ = ["BoundBeat", "BoundGroup", "BoundSchedule", "bind", "select", "variable_owner"]
 
 
 def variable_owner(models: Mapping[str, keras.Layer]) -> dict[int, str]:
@@ -145,6 +66,7 @@ def bind(
     context: str = "the schedule",
     random: tf.random.Generator | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    forwards: Mapping[str, Callable] | None = None,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
@@ -152,29 +74,33 @@ def bind(
     to find claimed variables its loss gives no gradient to. ``random`` is the generator
     losses draw noise from (a fresh one seeded with 0 if omitted). With a ``strategy``
     the probe is traced on its replicas, where distributed variables have gradients.
+    ``forwards`` are the forward functions the schedule's groups name.
     """
     if random is None:
         random = tf.random.Generator.from_seed(0)
+    forwards = forwards or {}
     problems = [
         problem
-        for beat in schedule.beats
+        for beat in schedule.all_beats
         for problem in _name_problems(beat, models, optimizers, losses)
     ]
-    resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.beats}
+    problems += [p for g in _groups(schedule) for p in _group_problems(g, models, forwards)]
+    resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.all_beats}
     problems += _ownership_problems(schedule, models, resolved, problems)
-    beats = []
+    groups: list[BoundGroup] = []
     if not problems:
-        owner = variable_owner(models)
-        beats = [
-            _bind_beat(beat, optimizers, losses, resolved[beat.name], owner)
-            for beat in schedule.beats
-        ]
-        problems += _build_optimizers(beats)
+        groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
+        problems += _build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
-        problems += _gradient_problems(beats, models, batch_spec, random, strategy)
+        problems += _gradient_problems(groups, models, batch_spec, random, strategy)
     if problems:
         raise ScheduleError(problems, context)
-    return BoundSchedule(schedule, tuple(beats), dict(models), dict(optimizers), random)
+    beats = tuple(beat for group in groups for beat in group.beats)
+    return BoundSchedule(schedule, beats, tuple(groups), dict(models), dict(optimizers), random)
+
+
+def _groups(schedule: Schedule) -> list[Group]:
+    return [entry for entry in schedule.beats if isinstance(entry, Group)]
 
 
 def _selected(beat: Beat, models, problems: list[str]) -> list[keras.Variable]:
@@ -201,6 +127,25 @@ def _name_problems(beat: Beat, models, optimizers, losses) -> list[str]:
             f"define; optimizers: {', '.join(optimizers) or '(none)'}"
         )
     for name in beat.training or ():
+        if name not in models:
+            problems.append(
+                f"{where} runs {name!r} in training mode, but there is no such model; "
+                f"models: {', '.join(models)}"
+            )
+    return problems
+
+
+def _group_problems(group: Group, models, forwards) -> list[str]:
+    """A group's forward and training-mode models that do not exist."""
+    where = f"group {group.name!r}"
+    problems = []
+    if group.forward not in forwards:
+        problems.append(
+            f"{where} uses forward {group.forward!r}{did_you_mean(group.forward, forwards)}, "
+            f"which the recipe's forwards() does not define; forwards: "
+            f"{', '.join(forwards) or '(none)'}"
+        )
+    for name in group.training or ():
         if name not in models:
             problems.append(
                 f"{where} runs {name!r} in training mode, but there is no such model; "
@@ -249,12 +194,33 @@ def _unique(variables) -> list[keras.Variable]:
     return list(seen.values())
 
 
-def _bind_beat(beat, optimizers, losses, variables, owner) -> BoundBeat:
-    updated = tuple(dict.fromkeys(owner[id(v)] for v in variables))
-    training = frozenset(updated if beat.training is None else beat.training)
-    return BoundBeat(
-        beat, losses[beat.loss], optimizers[beat.optimizer], tuple(variables), updated, training
-    )
+def _bind_groups(schedule, optimizers, losses, forwards, resolved, models) -> list[BoundGroup]:
+    """Every entry of the step bound: a lone beat, or a group whose beats all run in the
+    group's training mode (by default: every model any of its beats updates)."""
+    owner = variable_owner(models)
+
+    def updated(beat: Beat) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(owner[id(v)] for v in resolved[beat.name]))
+
+    def bound(beat: Beat, training: frozenset[str], group: Group | None) -> BoundBeat:
+        variables = tuple(resolved[beat.name])
+        optimizer = optimizers[beat.optimizer]
+        loss_fn = losses[beat.loss]
+        return BoundBeat(beat, loss_fn, optimizer, variables, updated(beat), training, group)
+
+    groups = []
+    for entry in schedule.beats:
+        if isinstance(entry, Beat):
+            mode = frozenset(updated(entry) if entry.training is None else entry.training)
+            groups.append(BoundGroup.alone(bound(entry, mode, None)))
+            continue
+        everyone = (name for beat in entry.beats for name in updated(beat))
+        mode = frozenset(everyone if entry.training is None else entry.training)
+        beats = tuple(bound(beat, mode, entry) for beat in entry.beats)
+        groups.append(
+            BoundGroup(entry.name, beats, forwards[entry.forward], mode, entry.repeat, entry.every)
+        )
+    return groups
 
 
 def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
@@ -281,22 +247,17 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     return problems
 
 
-def _gradient_problems(bound_beats, models, batch_spec, random, strategy=None) -> list[str]:
+def _gradient_problems(groups, models, batch_spec, random, strategy=None) -> list[str]:
     """Trace each beat's loss and gradients (nothing runs) and report None gradients."""
     problems: list[str] = []
 
     def probe(batch):
-        for beat in bound_beats:
-            with tf.GradientTape() as tape:
-                loss, _ = beat.forward(models, batch, random=random)
-            grads = tape.gradient(loss, list(beat.variables))
-            for variable, grad in zip(beat.variables, grads, strict=True):
-                if grad is None:
-                    problems.append(
-                        f"beat {beat.name!r} claims variable {variable.path!r}, but its "
-                        f"loss {beat.loss_name!r} gives it no gradient (is the model called "
-                        "inside the loss, on a path connected to the result?)"
-                    )
+        for group in groups:
+            _, _, gradients = group.gradients(models, batch, random=random)
+            for beat, grads in zip(group.beats, gradients, strict=True):
+                for variable, grad in zip(beat.variables, grads, strict=True):
+                    if grad is None:
+                        problems.append(_no_gradient(beat, variable))
         return tf.constant(0)
 
     if strategy is None:
@@ -305,3 +266,13 @@ def _gradient_problems(bound_beats, models, batch_spec, random, strategy=None) -
         distributed = lambda batch: strategy.run(probe, args=(batch,))  # noqa: E731
         tf.function(distributed).get_concrete_function(dict(batch_spec))
     return list(dict.fromkeys(problems))
+
+
+def _no_gradient(beat: BoundBeat, variable) -> str:
+    where = "its loss" if beat.group is None else f"its group {beat.group.name!r}'s forward and"
+    return (
+        f"beat {beat.name!r} claims variable {variable.path!r}, but {where} loss "
+        f"{beat.loss_name!r} gives it no gradient (is the model called "
+        f"{'inside the loss' if beat.group is None else 'in the forward'}, on a path "
+        "connected to the result?)"
+    )

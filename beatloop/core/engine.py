@@ -188,7 +188,7 @@ class Engine:
                 done = int(counters.epoch_batches)
                 continue
             done += result.ran
-            logs = LazyLogs(self.parts.train_metrics.named())
+            logs = LazyLogs(self.parts.train_metrics.named(last=True))
             self.callbacks.fire("execution_end", run, result.ran, logs)
             if result.ran < limit:  # the data ran out: the next epoch opens a new pass
                 self.stream.end_pass()

@@ -114,9 +114,37 @@ def forward(
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    loss, outputs = split_loss_output(
-        loss_fn(ModelCalls(models, training, random), batch), beat_name
-    )
+    result = loss_fn(ModelCalls(models, training, random), batch)
+    return regularised_loss(result, beat_name, regularised)
+
+
+def shared_forward(
+    forward_fn: Callable,
+    models: Mapping[str, keras.Layer],
+    training: frozenset[str],
+    batch: Mapping[str, tf.Tensor],
+    random: tf.random.Generator | None = None,
+):
+    """Run a group's forward function once: the outputs each of its beats' losses take."""
+    return forward_fn(ModelCalls(models, training, random), batch)
+
+
+def loss_of_outputs(
+    loss_fn: Callable,
+    beat_name: str,
+    outputs,
+    regularised: tuple[keras.Layer, ...],
+    batch: Mapping[str, tf.Tensor],
+) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """A grouped beat's loss from its group's forward outputs, regularised like
+    :func:`forward`."""
+    return regularised_loss(loss_fn(outputs, batch), beat_name, regularised)
+
+
+def regularised_loss(result, beat_name: str, regularised: tuple[keras.Layer, ...]):
+    """A loss function's result split into loss and outputs, with the regularisation
+    losses of the ``regularised`` models added to the loss."""
+    loss, outputs = split_loss_output(result, beat_name)
     extra = [
         tf.reduce_sum(tf.cast(term, tf.float32)) for model in regularised for term in model.losses
     ]

@@ -1,8 +1,9 @@
 """The metrics a run accumulates, and the logs read from them.
 
-Per beat a mean of its loss, plus the recipe's own metrics; logged under a prefix
-(``val_`` for validation) and the name. Reading a metric costs a tensor read, so logs
-between compiled calls are read only when a callback looks (:class:`LazyLogs`).
+Per beat a mean of its loss (and, in training, its last step's value), plus the
+recipe's own metrics; logged under a prefix (``val_`` for validation) and the name.
+Reading a metric costs a tensor read, so logs between compiled calls are read only when
+a callback looks (:class:`LazyLogs`).
 """
 
 from __future__ import annotations
@@ -11,34 +12,80 @@ from collections.abc import Iterable, Mapping
 
 import keras
 
+#: Prefix of the last step's value of a beat's loss in ``on_execution_end``'s logs.
+LAST = "last_"
+
+
+class LastValue(keras.metrics.Metric):
+    """The batch-size-weighted value of the last update only: what a custom
+    ``train_step`` returning its raw loss shows. Summed over replicas like a mean (each
+    replica's value times its rows, over all rows), so it is the global batch's value."""
+
+    def __init__(self, name: str):
+        super().__init__(name=name)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, value, sample_weight=1.0):
+        weight = keras.ops.cast(sample_weight, self.dtype)
+        self.total.assign(keras.ops.cast(value, self.dtype) * weight)
+        self.count.assign(weight)
+
+    def result(self):
+        return keras.ops.divide_no_nan(self.total, self.count)
+
 
 class StepMetrics:
-    """One mean per beat loss plus the recipe's metrics, logged under ``prefix`` + name."""
+    """One mean per beat loss plus the recipe's metrics, logged under ``prefix`` + name.
+
+    With ``last`` (training), each beat's last step's value too: logged instead of the
+    mean for the beats named in ``last_logged`` (``Beat(log="last")``), and offered to
+    ``on_execution_end`` as ``last_`` + name for every beat."""
 
     def __init__(
         self,
         beat_names: Iterable[str],
         metrics: Mapping[str, keras.metrics.Metric],
         prefix: str = "",
+        *,
+        last: bool = False,
+        last_logged: Iterable[str] = (),
     ):
+        beat_names = list(beat_names)
         self.prefix = prefix
         self.losses = {name: keras.metrics.Mean(name=prefix + name) for name in beat_names}
+        self.last = {name: LastValue(name=LAST + name) for name in beat_names} if last else {}
         self.metrics = dict(metrics)
-        pairs = (*self.losses.items(), *self.metrics.items())
+        last_logged = set(last_logged)
+        logged = {
+            name: self.last[name] if name in last_logged else mean
+            for name, mean in self.losses.items()
+        }
+        pairs = (*logged.items(), *self.metrics.items())
         self._named = {prefix + name: metric for name, metric in pairs}
+        self._with_last = self._named | {LAST + name: m for name, m in self.last.items()}
+
+    def update_loss(self, beat_name: str, loss, size) -> None:
+        """Take one beat's loss on a batch of ``size`` rows (in compiled code)."""
+        self.losses[beat_name].update_state(loss, sample_weight=size)
+        if self.last:
+            self.last[beat_name].update_state(loss, sample_weight=size)
 
     def reset(self) -> None:
-        for metric in self._named.values():
+        for metric in (*self.losses.values(), *self.last.values(), *self.metrics.values()):
             metric.reset_state()
 
-    def named(self) -> dict[str, keras.metrics.Metric]:
-        """Every metric under its logged name (``prefix`` + name)."""
-        return self._named
+    def named(self, last: bool = False) -> dict[str, keras.metrics.Metric]:
+        """Every logged metric under its logged name (``prefix`` + name); with ``last``
+        also each beat's last step's value under ``last_`` + name."""
+        return self._with_last if last else self._named
 
     def variables(self) -> list:
         """Every metric's state variables, for checkpoints (Keras 3 metrics are not
-        TensorFlow trackables themselves; their variables are)."""
-        return [v for metric in self._named.values() for v in metric.variables]
+        TensorFlow trackables themselves; their variables are). The last values come
+        after the rest, so checkpoints written before they existed still line up."""
+        metrics = (*self.losses.values(), *self.metrics.values(), *self.last.values())
+        return [v for metric in metrics for v in metric.variables]
 
     def results(self) -> dict[str, float]:
         """Current values as Python floats (reads variables: call between compiled calls)."""

@@ -24,6 +24,7 @@ from beatloop.core.run import Run
 
 LossOutput = tf.Tensor | Mapping[str, tf.Tensor]
 LossFn = Callable[[ModelCalls, Mapping[str, tf.Tensor]], LossOutput]
+ForwardFn = Callable[[ModelCalls, Mapping[str, tf.Tensor]], Any]
 
 
 @attrs.frozen
@@ -41,7 +42,9 @@ class Recipe(abc.ABC):
     - ``build_models(batch_spec)``: models by name, built for batches of that spec;
     - ``build_optimizers()``: optimizers by name;
     - ``losses()``: loss functions by name; each takes ``(models, batch)`` and returns a
-      scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need;
+      scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need
+      (a beat in a :class:`~beatloop.core.beats.Group` takes ``(outputs, batch)``:
+      the outputs of its group's forward, from ``forwards()``);
     - ``schedule()``: the :class:`Schedule` of one step.
 
     Optional: ``batch_keys`` (key -> minimum rank), ``quality_figure``, ``build_metrics()`` and
@@ -85,6 +88,12 @@ class Recipe(abc.ABC):
     @abc.abstractmethod
     def schedule(self) -> Schedule:
         """The beats of one training step."""
+
+    def forwards(self) -> dict[str, ForwardFn]:
+        """Forward functions by the names the schedule's groups use: each takes
+        ``(models, batch)`` and returns the outputs its group's losses take as
+        ``(outputs, batch)``. None by default."""
+        return {}
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
         """Metrics updated each step (and, as separate instances, each validation step)."""

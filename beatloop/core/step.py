@@ -3,7 +3,8 @@
 A step is a plain callable of ``(batch, step number)`` that returns its checks (see
 :mod:`beatloop.core.numerics`) and the number of examples in the batch; it touches no
 counter. :class:`~beatloop.core.loop.CompiledLoop` runs K of them per compiled call.
-The pieces are small on purpose: one beat's gradients, their transform, their update.
+The pieces are small on purpose: an entry's gradients (one beat's, or a group's from
+one forward), their transform, their update.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.batches import leading_dimension
-from beatloop.core.binding import BoundBeat, BoundSchedule
+from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import beat_checks, check_finite, no_checks
@@ -24,7 +25,8 @@ Batch = Mapping[str, tf.Tensor]
 
 
 class TrainStep:
-    """Every beat of a bound schedule in order on one batch, then the metrics.
+    """Every entry of a bound schedule in order on one batch (a lone beat, or a group of
+    beats updated simultaneously), then the metrics.
 
     With a ``strategy`` the beats run on every replica (see :mod:`beatloop.core.replicas`)
     and their checks and batch sizes are summed over replicas. ``debug`` (eager mode)
@@ -53,54 +55,58 @@ class TrainStep:
     def on_replica(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
         share, random = replica_view(self.strategy, self.bound.random, size)
+        weight = None if share is None else share.weight
         outputs, checks = {}, []
-        for beat in self.bound.beats:
-            if beat.every == 1:
-                outputs[beat.name], row = self.run_beat(beat, batch, size, share, random, step)
+        for group in self.bound.groups:
+            if group.every == 1:
+                group_outputs, rows = self.run_group(group, batch, size, weight, random, step)
+                outputs.update(group_outputs)
             else:
-                row = tf.cond(
-                    tf.equal(step % beat.every, 0),
-                    lambda beat=beat: self.run_beat(beat, batch, size, share, random, step)[1],
-                    lambda: tf.zeros([2]),
+                rows = tf.cond(
+                    tf.equal(step % group.every, 0),
+                    lambda g=group: self.run_group(g, batch, size, weight, random, step)[1],
+                    lambda g=group: no_checks(len(g.beats)),
                 )
-            checks.append(row)
+            checks.append(rows)
         self.update_metrics(self.metrics.metrics, batch, outputs)
-        return tf.stack(checks), size
+        return tf.concat(checks, axis=0), size
 
-    def run_beat(self, beat: BoundBeat, batch, size, share, random, step):
-        """One beat, ``repeat`` times: gradients, transform, update, constraint, loss
-        metric. Returns the last repeat's outputs and the beat's row of checks."""
-        losses, squares, outputs = [], [], {}
-        scaled = loss_scale(beat.optimizer) is not None
-        for _ in range(beat.repeat):
-            loss, outputs, grads = beat_gradients(beat, self.bound.models, batch, share, random)
-            if self.debug:
-                check_finite(beat.name, loss, grads, step, scaled)
-            losses.append(loss)
-            # Under loss scaling an overflowing gradient is expected now and then: the
-            # optimizer skips that update and lowers the scale, so only the loss counts.
-            if not scaled:
-                squares.extend(tf.reduce_sum(tf.square(g)) for g in grads)
-            apply_update(beat, grads)
-            self.metrics.losses[beat.name].update_state(loss, sample_weight=size)
-        return outputs, beat_checks(losses, squares)
+    def run_group(self, group: BoundGroup, batch, size, weight, random, step):
+        """One entry of the step, ``repeat`` times: every beat's gradients from the same
+        state, then each beat's transform, update, constraint and loss metrics. Returns
+        the last repeat's outputs and the entry's rows of checks."""
+        losses = {beat.name: [] for beat in group.beats}
+        squares = {beat.name: [] for beat in group.beats}
+        outputs = {}
+        for _ in range(group.repeat):
+            values, outputs, gradients = group.gradients(
+                self.bound.models, batch, weight=weight, random=random
+            )
+            for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
+                check_gradients(beat, grads)
+                scaled = loss_scale(beat.optimizer) is not None
+                if self.debug:
+                    check_finite(beat.name, loss, grads, step, scaled)
+                losses[beat.name].append(loss)
+                # Under loss scaling an overflowing gradient is expected now and then: the
+                # optimizer skips that update and lowers the scale, so only the loss counts.
+                if not scaled:
+                    squares[beat.name].extend(tf.reduce_sum(tf.square(g)) for g in grads)
+            for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
+                apply_update(beat, grads)
+                self.metrics.update_loss(beat.name, loss, size)
+        rows = [beat_checks(losses[b.name], squares[b.name]) for b in group.beats]
+        return outputs, tf.stack(rows)
 
 
-def beat_gradients(beat: BoundBeat, models, batch, share, random):
-    """One beat's loss, outputs and (loss-scaled) gradients of the variables it updates.
-    On a replica the loss is weighted by the replica's share of the global batch."""
-    variables = list(beat.variables)
-    with tf.GradientTape() as tape:
-        loss, outputs = beat.forward(models, batch, random=random)
-        weighted = loss if share is None else loss * share.weight
-        scaled = beat.optimizer.scale_loss(weighted)
-    grads = tape.gradient(scaled, variables)
-    missing = [v.path for v, g in zip(variables, grads, strict=True) if g is None]
-    if missing:  # the bind-time probe normally finds these first
+def check_gradients(beat: BoundBeat, grads) -> None:
+    """Refuse a variable the beat's loss gives no gradient (the bind-time probe
+    normally finds these first)."""
+    missing = [v.path for v, g in zip(beat.variables, grads, strict=True) if g is None]
+    if missing:
         raise ScheduleError(
             [f"beat {beat.name!r}: loss gives no gradient to {path!r}" for path in missing]
         )
-    return loss, outputs, grads
 
 
 def apply_update(beat: BoundBeat, grads) -> None:
@@ -156,10 +162,12 @@ class ValidationStep:
         size = leading_dimension(batch)
         _, random = replica_view(self.strategy, self.bound.random, size)
         outputs = {}
-        for beat in self.bound.beats:
-            loss, outputs[beat.name] = beat.forward(
+        for group in self.bound.groups:
+            losses, group_outputs = group.losses(
                 self.bound.models, batch, training=False, random=random
             )
-            self.metrics.losses[beat.name].update_state(loss, sample_weight=size)
+            outputs.update(group_outputs)
+            for beat, loss in zip(group.beats, losses, strict=True):
+                self.metrics.update_loss(beat.name, loss, size)
         self.update_metrics(self.metrics.metrics, batch, outputs)
         return no_checks(0), size

@@ -1,5 +1,7 @@
 """The GAN recipe: a discriminator beat (``n_critic`` times) then a generator beat, each
-with its own optimizer, in one compiled step — the case ``fit`` cannot express."""
+with its own optimizer, in one compiled step — the case ``fit`` cannot express. With
+``update="simultaneous"`` both beats take their gradients from one forward pass (one
+generated batch, one discriminator pass), as the TensorFlow DCGAN tutorial's step does."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import tensorflow as tf
 
 from beatloop import data, images, quality
 from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, Schedule
+from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
@@ -38,6 +40,9 @@ class GanConfig:
         default="non_saturating", validator=attrs.validators.in_(("non_saturating", "hinge"))
     )
     n_critic: int = attrs.field(default=1, validator=_positive)
+    update: Literal["alternating", "simultaneous"] = attrs.field(
+        default="alternating", validator=attrs.validators.in_(("alternating", "simultaneous"))
+    )
     label_smoothing: float = attrs.field(
         default=0.0, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
     )
@@ -49,6 +54,14 @@ class GanConfig:
     batch_size: int = attrs.field(default=32, validator=_positive)
     quality_samples: int = attrs.field(default=500, validator=_positive)
     grid_size: int = attrs.field(default=8, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.update == "simultaneous" and self.n_critic != 1:
+            raise ValueError(
+                f"n_critic={self.n_critic} repeats the discriminator beat, which needs "
+                "update='alternating'; a simultaneous update takes both gradients from one "
+                "forward pass (use n_critic=1)"
+            )
 
 
 def image_shape(sample_shape: tuple[int, ...]) -> tuple[int, int, int] | None:
@@ -168,6 +181,12 @@ class Gan(Recipe):
     # --- the step ----------------------------------------------------------------------
 
     def schedule(self) -> Schedule:
+        if self.config.update == "simultaneous":
+            beats = (
+                Beat(loss="d_loss", optimizer="d_optimizer", updates="discriminator"),
+                Beat(loss="g_loss", optimizer="g_optimizer", updates="generator"),
+            )
+            return Schedule(Group(forward="gan_forward", beats=beats, training=BOTH))
         return Schedule(
             (
                 Beat(
@@ -182,7 +201,22 @@ class Gan(Recipe):
         )
 
     def losses(self):
+        if self.config.update == "simultaneous":
+            return {"d_loss": self.discriminator_loss_of, "g_loss": self.generator_loss_of}
         return {"d_loss": self.discriminator_loss, "g_loss": self.generator_loss}
+
+    def forwards(self):
+        return {"gan_forward": self.forward}
+
+    def forward(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        """One generated batch and one discriminator pass over real and fake: the logits
+        both simultaneous beats' losses take."""
+        real = batch["x"]
+        fake = self._fake(models, real)
+        return {
+            "real_logits": models["discriminator"](real),
+            "fake_logits": models["discriminator"](fake),
+        }
 
     def _fake(self, models: ModelCalls, real: tf.Tensor) -> tf.Tensor:
         noise = models.random.normal([tf.shape(real)[0], self.config.latent_dim])
@@ -192,6 +226,12 @@ class Gan(Recipe):
         real = batch["x"]
         real_logits = models["discriminator"](real)
         fake_logits = models["discriminator"](self._fake(models, real))
+        return self._discriminator_loss(real_logits, fake_logits)
+
+    def discriminator_loss_of(self, outputs, batch) -> dict[str, tf.Tensor]:
+        return self._discriminator_loss(outputs["real_logits"], outputs["fake_logits"])
+
+    def _discriminator_loss(self, real_logits, fake_logits) -> dict[str, tf.Tensor]:
         if self.config.loss == "hinge":
             loss = tf.reduce_mean(tf.nn.relu(1.0 - real_logits)) + tf.reduce_mean(
                 tf.nn.relu(1.0 + fake_logits)
@@ -208,7 +248,12 @@ class Gan(Recipe):
         }
 
     def generator_loss(self, models: ModelCalls, batch) -> tf.Tensor:
-        fake_logits = models["discriminator"](self._fake(models, batch["x"]))
+        return self._generator_loss(models["discriminator"](self._fake(models, batch["x"])))
+
+    def generator_loss_of(self, outputs, batch) -> tf.Tensor:
+        return self._generator_loss(outputs["fake_logits"])
+
+    def _generator_loss(self, fake_logits) -> tf.Tensor:
         if self.config.loss == "hinge":
             return -tf.reduce_mean(fake_logits)
         return _cross_entropy(tf.ones_like(fake_logits), fake_logits)
