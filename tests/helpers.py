@@ -158,6 +158,55 @@ def run_python(*args: str, python=sys.executable, timeout: float = 300, **env: s
     return done.stdout
 
 
+# --- the TensorFlow DCGAN tutorial's loop -------------------------------------------------
+
+
+def cross_entropy(targets, logits):
+    """Mean sigmoid cross-entropy of logits, as the gan recipe computes it."""
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits))
+
+
+def tutorial_dcgan_training(generator, discriminator, data, *, epochs: int, seed: int, latent: int):
+    """The TensorFlow DCGAN tutorial's loop: one generated batch, one discriminator pass
+    over real and fake, two tapes, then both optimizers apply their gradients. Noise is
+    drawn from a generator seeded like a beatloop run's, so both draw the same numbers."""
+    g_optimizer = keras.optimizers.Adam(1e-3, beta_1=0.5)
+    d_optimizer = keras.optimizers.Adam(1e-3, beta_1=0.5)
+    noise_source = tf.random.Generator.from_seed(seed)
+
+    @tf.function
+    def train_step(images):
+        noise = noise_source.normal([tf.shape(images)[0], latent])
+        with tf.GradientTape() as gen_tape, tf.GradientTape() as disc_tape:
+            generated_images = generator(noise, training=True)
+            real_output = discriminator(images, training=True)
+            fake_output = discriminator(generated_images, training=True)
+            # (This line before the next: in the other order grappler's arithmetic
+            # optimizer sums the discriminator's gradients in another order.)
+            disc_loss = cross_entropy(tf.ones_like(real_output), real_output) + cross_entropy(
+                tf.zeros_like(fake_output), fake_output
+            )
+            gen_loss = cross_entropy(tf.ones_like(fake_output), fake_output)
+        gen_grads = gen_tape.gradient(gen_loss, generator.trainable_variables)
+        disc_grads = disc_tape.gradient(disc_loss, discriminator.trainable_variables)
+        g_optimizer.apply_gradients(zip(gen_grads, generator.trainable_variables, strict=True))
+        d_optimizer.apply_gradients(zip(disc_grads, discriminator.trainable_variables, strict=True))
+
+    for _ in range(epochs):
+        for batch in data:
+            train_step(batch["x"])
+
+
+def twin_models(recipe, data, seed=3):
+    """The recipe's models twice, each built after seeding Keras with ``seed``: the same
+    initial weights and the same dropout seeds."""
+    keras.utils.set_random_seed(seed)
+    ours = recipe.build_models(data.element_spec)
+    keras.utils.set_random_seed(seed)
+    theirs = recipe.build_models(data.element_spec)
+    return ours, theirs
+
+
 # --- models and recipes --------------------------------------------------------------------
 
 

@@ -52,7 +52,8 @@ def test_mirrored_strategy_over_two_cpus_matches_one_device(tmp_path):
     finish_all([start("mirrored", out)])
     report = json.loads(out.read_text())
     assert report["replicas"] == 2
-    for recipe in ("supervised", "gan"):  # gan: two optimizers, n_critic=2, noise
+    # gan: two optimizers, n_critic=2, noise; gan_simultaneous: one forward, two tapes
+    for recipe in ("supervised", "gan", "gan_simultaneous"):
         figures = report[recipe]
         assert figures["steps"] == [16, 16]
         # Two half-batch gradients summed instead of one: float32 round-off, ~1e-7,
@@ -61,6 +62,13 @@ def test_mirrored_strategy_over_two_cpus_matches_one_device(tmp_path):
         assert figures["max_difference"] < 1e-6, recipe
         for name, values in figures["one"].items():
             np.testing.assert_allclose(figures["two"][name], values, rtol=1e-5, err_msg=name)
+        # Each call's last step's losses: the global batch's, not one replica's.
+        one_device, two_replicas = figures["last"]
+        assert len(one_device) == len(two_replicas) == 16 and one_device[0]
+        for first, second in zip(one_device, two_replicas, strict=True):
+            assert sorted(first) == sorted(second)
+            for name in first:
+                np.testing.assert_allclose(second[name], first[name], rtol=1e-5, err_msg=name)
 
 
 @pytest.mark.slow

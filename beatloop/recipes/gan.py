@@ -182,9 +182,10 @@ class Gan(Recipe):
 
     def schedule(self) -> Schedule:
         if self.config.update == "simultaneous":
+            # Generator first, as the TensorFlow tutorial takes and applies its gradients.
             beats = (
-                Beat(loss="d_loss", optimizer="d_optimizer", updates="discriminator"),
                 Beat(loss="g_loss", optimizer="g_optimizer", updates="generator"),
+                Beat(loss="d_loss", optimizer="d_optimizer", updates="discriminator"),
             )
             return Schedule(Group(forward="gan_forward", beats=beats, training=BOTH))
         return Schedule(

@@ -31,7 +31,7 @@ import beatloop
 
 def digits_data(recipe: str):
     """Unshuffled batches of 32 (256 training digits; 64 validation for supervised)."""
-    if recipe == "gan":
+    if recipe.startswith("gan"):
         return gan_data(256)
     from beatloop.data import digits_arrays
 
@@ -42,7 +42,18 @@ def digits_data(recipe: str):
 CONFIGS = {
     "supervised": {"optimizer": "sgd", "learning_rate": 0.1},
     "gan": {"n_critic": 2, "quality_samples": 32},
+    "gan_simultaneous": {"update": "simultaneous", "quality_samples": 32},
 }
+
+
+class LastLosses(beatloop.Callback):
+    """Each compiled call's last step's beat losses (``last_`` + beat name)."""
+
+    def __init__(self):
+        self.values: list[dict[str, float]] = []
+
+    def on_execution_end(self, run, steps, logs):
+        self.values.append({k: logs[k] for k in logs if k.startswith("last_")})
 
 
 class StartingWeights(beatloop.Callback):
@@ -57,7 +68,7 @@ class StartingWeights(beatloop.Callback):
 
 def train(recipe: str, strategy=None, callbacks=()):
     return beatloop.fit(
-        recipe,
+        recipe.partition("_")[0],
         data=digits_data(recipe),
         config=CONFIGS[recipe],
         epochs=2,
@@ -78,9 +89,11 @@ def mirrored(out: str) -> None:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     report = {"replicas": strategy.num_replicas_in_sync}
     for recipe in CONFIGS:
-        start = StartingWeights()
-        one, two = train(recipe, callbacks=[start]), train(recipe, strategy)
+        start, last_one, last_two = StartingWeights(), LastLosses(), LastLosses()
+        one = train(recipe, callbacks=[start, last_one])
+        two = train(recipe, strategy, callbacks=[last_two])
         report[recipe] = {
+            "last": [last_one.values, last_two.values],
             "max_difference": largest_difference(all_weights(one.models), all_weights(two.models)),
             "max_move": largest_difference(all_weights(one.models), start.weights),
             "one": one.history,

@@ -1,0 +1,225 @@
+"""Simultaneous groups: beats whose gradients all come from one forward pass and one
+state, checked against the TensorFlow DCGAN tutorial's hand-written step."""
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import (
+    all_weights,
+    assert_same_weights,
+    gan_data,
+    run_python,
+    same_weights,
+    tutorial_dcgan_training,
+    twin_models,
+)
+
+import beatloop
+from beatloop import Beat, Group, Schedule
+from beatloop.core.binding import bind
+
+WORKER = Path(__file__).parent / "workers" / "tutorial_dcgan.py"
+LATENT = 8
+GAN = {"architecture": "conv", "hidden": 16, "latent_dim": LATENT, "batch_size": 16}
+
+
+def test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_hand_written_step(
+    tmp_path,
+):
+    """In a fresh process: grappler's arithmetic optimizer may sum a gradient in another
+    order when earlier runs in the same process named its graph's nodes differently, so
+    bit-for-bit comparisons run on a clean slate (see the worker's docstring)."""
+    out = tmp_path / "tutorial.json"
+    run_python(WORKER, out)
+    report = json.loads(out.read_text())
+    assert sorted(report) == ["gan spe=1", "gan spe=3", "readme dcgan"]
+    for name, figures in report.items():
+        assert figures["moved"] > 1e-3, name  # training moved the weights
+        assert figures["max_difference"] == 0.0, name  # and both loops moved them alike
+
+
+def test_alternating_gan_is_a_different_algorithm():
+    """The two-beat port draws new noise and meets an updated discriminator: it must not
+    match the tutorial (else the test above could not tell the two apart)."""
+    data = gan_data(32, 16)
+    recipe = beatloop.make_recipe("gan", GAN)
+    ours, theirs = twin_models(recipe, data)
+    beatloop.fit(recipe, data=data, models=ours, epochs=1, seed=7, progress=False)
+    tutorial_dcgan_training(
+        theirs["generator"], theirs["discriminator"], data, epochs=1, seed=7, latent=LATENT
+    )
+    assert not same_weights(all_weights(ours), all_weights(theirs))
+
+
+def test_simultaneous_gan_resumes_bit_identically(tmp_path):
+    data = gan_data(48, 16)
+    config = {**GAN, "update": "simultaneous"}
+    whole = beatloop.fit("gan", config=config, data=data, epochs=2, seed=4, progress=False)
+    run_dir = tmp_path / "run"
+    beatloop.fit("gan", config=config, data=data, epochs=1, seed=4, run_dir=run_dir)
+    resumed = beatloop.fit("gan", config=config, data=data, epochs=2, run_dir=run_dir)
+    assert resumed.resumed_from is not None
+    assert_same_weights(all_weights(whole.models), all_weights(resumed.models))
+
+
+def test_simultaneous_refuses_n_critic():
+    with pytest.raises(beatloop.ConfigError, match=r"n_critic=3 .* update='alternating'"):
+        beatloop.make_recipe("gan", {"update": "simultaneous", "n_critic": 3})
+
+
+# --- groups as values ------------------------------------------------------------------------
+
+
+def test_a_group_describes_itself_on_one_line_with_its_beats():
+    group = Group(
+        forward="shared",
+        beats=(Beat("d_loss", "d_opt", "disc"), Beat("g_loss", "g_opt", "gen", log="last")),
+        every=2,
+    )
+    schedule = Schedule((group, Beat("extra", "e_opt", "head")))
+    first, second = schedule.describe().splitlines()
+    assert first == (
+        "1. shared: simultaneous forward=shared every=2 "
+        "[d_loss: loss=d_loss optimizer=d_opt updates=disc] "
+        "[g_loss: loss=g_loss optimizer=g_opt updates=gen log=last]"
+    )
+    assert second.startswith("2. extra:")
+    assert [b.name for b in schedule.all_beats] == ["d_loss", "g_loss", "extra"]
+    assert schedule.loss_names == ("d_loss", "g_loss", "extra")
+
+
+@pytest.mark.parametrize(
+    "beat, words",
+    [
+        (Beat("a", "o", "m", repeat=2), "sets repeat"),
+        (Beat("a", "o", "m", every=3), "sets every"),
+        (Beat("a", "o", "m", training=("m",)), "sets training"),
+    ],
+)
+def test_a_group_refuses_what_only_the_group_can_set(beat, words):
+    with pytest.raises(ValueError, match=f"{words}, but in a group the beats share one forward"):
+        Group(forward="f", beats=(beat,))
+
+
+def test_group_and_beat_names_are_unique_across_the_schedule():
+    group = Group(forward="fit_a", beats=(Beat("x", "o", "a"),))
+    with pytest.raises(ValueError, match="repeated: fit_a"):
+        Schedule((group, Beat("fit_a", "o", "b")))
+
+
+# --- binding ---------------------------------------------------------------------------------
+
+
+def two_dense(seed=0):
+    keras.utils.set_random_seed(seed)
+    return {
+        name: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)], name=name)
+        for name in ("a", "b")
+    }
+
+
+def shared(models, batch):
+    return {"a": models["a"](batch["x"]), "b": models["b"](batch["x"])}
+
+
+def mse_of(key):
+    return lambda outputs, batch: tf.reduce_mean(tf.square(outputs[key] - batch["y"]))
+
+
+SPEC = {"x": tf.TensorSpec([None, 4], tf.float32), "y": tf.TensorSpec([None, 1], tf.float32)}
+OPTIMIZERS = ("opt_a", "opt_b")
+
+
+def bind_group(group, forwards, models=None, **schedule):
+    models = models or two_dense()
+    optimizers = {name: keras.optimizers.SGD(0.1) for name in OPTIMIZERS}
+    losses = {"fit_a": mse_of("a"), "fit_b": mse_of("b")}
+    return bind(Schedule(group, **schedule), models, optimizers, losses, SPEC, forwards=forwards)
+
+
+def test_binding_a_group_names_every_problem_at_once():
+    group = Group(
+        forward="sharde",
+        beats=(Beat("fit_a", "opt_a", "a"), Beat("fit_c", "opt_b", "b")),
+        training=("a", "c"),
+    )
+    with pytest.raises(beatloop.ScheduleError) as caught:
+        bind_group(group, {"shared": shared})
+    problems = caught.value.problems
+    assert any("uses loss 'fit_c'" in p for p in problems)
+    assert any("forward 'sharde' (did you mean 'shared'?)" in p for p in problems)
+    assert any("runs 'c' in training mode" in p for p in problems)
+
+
+def test_binding_a_group_keeps_the_ownership_and_gradient_rules():
+    overlapping = Group(
+        forward="shared", beats=(Beat("fit_a", "opt_a", "a"), Beat("fit_b", "opt_b", "a"))
+    )
+    with pytest.raises(beatloop.ScheduleError) as caught:
+        bind_group(overlapping, {"shared": shared})
+    problems = "\n".join(caught.value.problems)
+    assert "not declared shared" in problems and "updated by no beat" in problems
+
+    def a_only(models, batch):
+        return {"a": models["a"](batch["x"]), "b": tf.zeros_like(batch["y"])}
+
+    disconnected = Group(
+        forward="a_only", beats=(Beat("fit_a", "opt_a", "a"), Beat("fit_b", "opt_b", "b"))
+    )
+    with pytest.raises(
+        beatloop.ScheduleError, match=r"beat 'fit_b' claims variable .* no gradient"
+    ):
+        bind_group(disconnected, {"a_only": a_only})
+
+
+def test_a_group_runs_the_models_its_beats_update_in_training_mode_by_default():
+    group = Group(forward="shared", beats=(Beat("fit_a", "opt_a", "a"),))
+    bound = bind_group(group, {"shared": shared}, frozen="b")
+    (entry,) = bound.groups
+    assert entry.training == frozenset({"a"})
+    explicit = Group(forward="shared", beats=(Beat("fit_a", "opt_a", "a"),), training=("a", "b"))
+    assert bind_group(explicit, {"shared": shared}, frozen="b").groups[0].training == {"a", "b"}
+
+
+def test_group_gradients_come_from_the_state_before_any_update():
+    """Two beats both updating ``a`` (declared shared) in one group: each gradient is
+    taken before either update, so the result is the sum of both from the same weights
+    — unlike two beats in a row."""
+    x = np.ones((4, 4), np.float32)
+    y = np.full((4, 1), 2.0, np.float32)
+    data = tf.data.Dataset.from_tensor_slices({"x": x, "y": y}).batch(4)
+
+    class Twice(beatloop.Recipe):
+        name = "twice_test"
+
+        def build_optimizers(self):
+            return {name: keras.optimizers.SGD(0.05) for name in OPTIMIZERS}
+
+        def losses(self):
+            return {"fit_a": mse_of("a"), "fit_b": mse_of("a")}
+
+        def forwards(self):
+            return {"shared": shared}
+
+        def schedule(self):
+            beats = (Beat("fit_a", "opt_a", "a"), Beat("fit_b", "opt_b", "a"))
+            return Schedule(Group(forward="shared", beats=beats), shared="a", frozen="b")
+
+        def build_models(self, spec):
+            return two_dense()
+
+        def default_data(self, seed):
+            return None
+
+    result = beatloop.fit(Twice(), data=data, epochs=1, seed=0, progress=False)
+    start = two_dense()["a"]
+    prediction = start(x)
+    gradient = tf.reduce_mean(2 * (prediction - y)) * np.ones((4, 1), np.float32)
+    expected_kernel = start.get_weights()[0] - 2 * 0.05 * gradient.numpy()
+    np.testing.assert_allclose(
+        result.models["a"].get_weights()[0], expected_kernel, rtol=1e-6, atol=1e-7
+    )
