@@ -3,6 +3,7 @@ in one error, ``.keras`` paths in Python and on the command line, frozen and in 
 mode unless a beat updates them, exact resume; and recipes without ``default_data`` or
 ``build_models``."""
 
+import attrs
 import keras
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from beatloop.core.supplied import SuppliedModel, model_names
 from beatloop.data import batches, digits_arrays
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
-from beatloop.recipes.style_transfer import StyleTransfer
+from beatloop.recipes.style_transfer import StyleTransfer, random_vgg
 
 TEACHER = "a trained digits classifier (64 inputs, 10 logits)"
 
@@ -189,6 +190,13 @@ def test_supplied_model_values_are_checked():
         SuppliedModel("  ")
     assert SuppliedModel("d").describe() == "d (required)"
     assert SuppliedModel("d", fallback="f").describe() == "d (if none is given: f)"
+    plain = type("Plain", (Distil,), {"supplied_models": {"teacher": TEACHER}})
+    with pytest.raises(
+        beatloop.ConfigError,
+        match=r"supplied_models must map names to beatloop.SuppliedModel values; "
+        r"found \{'teacher': 'str'\}",
+    ):
+        beatloop.fit(plain, models={"teacher": teacher_model()})
 
 
 # --- .keras paths ----------------------------------------------------------------------------
@@ -333,6 +341,10 @@ def test_style_transfer_uses_a_supplied_feature_network_and_does_not_train_it(tm
     assert_same_weights(model_weights(features), saved)
     assert result.history["style_loss"][1] < result.history["style_loss"][0]
     assert "frozen" not in result.schedule.describe()
+    # The fallback, built when nothing is supplied, is frozen the same way.
+    fallback = beatloop.fit(Unfrozen(attrs.evolve(config, steps_per_epoch=2)), seed=0)
+    initial = model_weights(random_vgg(config.feature_seed))
+    assert_same_weights(model_weights(fallback.models["features"]), initial)
 
 
 # --- exact resume --------------------------------------------------------------------------

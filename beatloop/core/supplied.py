@@ -79,6 +79,12 @@ def missing_models(
 ) -> None:
     """Raise one ConfigError naming every required supplied model not ``given`` and,
     for a recipe that builds no models (``needed`` given), every other model it needs."""
+    wrong = {n: type(m).__name__ for n, m in supplied.items() if not isinstance(m, SuppliedModel)}
+    if wrong:
+        raise ConfigError(
+            f"{label}'s supplied_models must map names to beatloop.SuppliedModel values; "
+            f"found {wrong}"
+        )
     problems = []
     absent = {n: m for n, m in supplied.items() if m.required and n not in given}
     if absent:
