@@ -36,6 +36,7 @@ _EXPORTS = {
     "ClipByValue": "beatloop.core.beats",
     "ClipValues": "beatloop.core.beats",
     "ModelCalls": "beatloop.core.forward",
+    "SuppliedModel": "beatloop.core.supplied",
     "bind": "beatloop.core.binding",
     # callbacks
     "Callback": "beatloop.core.callbacks",
@@ -109,6 +110,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.recipe import Recipe
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run
+    from beatloop.core.supplied import SuppliedModel
     from beatloop.fitting import fit, make_recipe
     from beatloop.plugins.callbacks import (
         CsvLogger,

@@ -62,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--callback", action="append", default=[], metavar="NAME", help="a registered callback"
     )
+    run.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a model from a .keras file in place of the recipe's NAME (repeatable); "
+        "required for the supplied models `beatloop show RECIPE` lists as required",
+    )
     run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
     run.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA")
     run.add_argument(
@@ -149,7 +157,6 @@ def _list(args) -> int:
 def _show(args) -> int:
     import attrs
 
-    from beatloop.core.binding import bind
     from beatloop.core.config import config_fields, parse_settings, type_name
     from beatloop.fitting import make_recipe
     from beatloop.plugins.registry import get_recipe
@@ -168,18 +175,49 @@ def _show(args) -> int:
     print("\nschedule (one step):")
     for line in schedule.describe().splitlines():
         print(f"  {line}")
-    spec = recipe.default_data(0).train.element_spec
+    if cls.supplied_models:
+        print("\nsupplied models (models={NAME: model or .keras path}, --model NAME=PATH.keras):")
+        for name, supplied in cls.supplied_models.items():
+            print(f"  {name}: {supplied.describe()}")
+    _show_variables(recipe, schedule)
+    return 0
+
+
+def _show_variables(recipe, schedule) -> None:
+    """The variables each beat updates in the recipe's default models, or why they
+    cannot be shown (no built-in data, no models built, a required model not built)."""
+    from beatloop.core.binding import bind
+    from beatloop.core.recipe import defines
+
+    title = "\nvariables each beat updates (default models):"
+    lacking = []
+    if not defines(recipe, "default_data"):
+        lacking.append("it has no built-in data (no default_data): a run passes data=...")
+    if not defines(recipe, "build_models"):
+        names = ", ".join(recipe.model_names())
+        lacking.append(f"it builds no models (no build_models): a run passes models= with {names}")
+    if not lacking:
+        spec = recipe.default_data(0).train.element_spec
+        models = recipe.build_models(spec)
+        absent = [name for name in recipe.supplied_models if name not in models]
+        if absent:
+            them = "them" if len(absent) > 1 else "it"
+            lacking.append(
+                f"it builds no {', '.join(absent)}: a run supplies {them} (models= or --model)"
+            )
+    if lacking:
+        print(f"{title} not shown:")
+        for line in lacking:
+            print(f"  {line}")
+        return
+    supplied = frozenset(recipe.supplied_models)
+    optimizers, losses = recipe.build_optimizers(), recipe.losses()
     bound = bind(
-        schedule,
-        recipe.build_models(spec),
-        recipe.build_optimizers(),
-        recipe.losses(),
-        forwards=recipe.forwards(),
+        schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards()
     )
-    print("\nvariables each beat updates (default models):")
+    print(title)
     for line in bound.describe_variables().splitlines():
         print(f"  {line}")
-    return 0
 
 
 def _run(args) -> int:
@@ -190,10 +228,12 @@ def _run(args) -> int:
     cls = get_recipe(args.recipe)
     overrides = parse_settings(args.set, cls.Config, f"recipe {cls.name!r}")
     callbacks = [registry().callback(name).cls() for name in args.callback]
+    models = _model_paths(args.model)
     run_dir = args.run_dir or Path("runs") / f"{cls.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = fit(
         cls,
         config=overrides,
+        models=models or None,
         epochs=args.epochs,
         seed=args.seed,
         steps_per_execution=args.steps_per_execution,
@@ -222,6 +262,25 @@ def _run(args) -> int:
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0
+
+
+def _model_paths(values: Sequence[str]) -> dict[str, str]:
+    """``--model NAME=PATH`` options as ``{NAME: PATH}`` (each name once)."""
+    from beatloop.core.errors import ConfigError
+
+    paths: dict[str, str] = {}
+    for value in values:
+        name, equals, path = value.partition("=")
+        name, path = name.strip(), path.strip()
+        if not (equals and name.isidentifier() and path):
+            raise ConfigError(
+                f"--model expects NAME=PATH.keras (e.g. --model teacher=teacher.keras), "
+                f"got {value!r}"
+            )
+        if name in paths:
+            raise ConfigError(f"--model {name}=... is given twice")
+        paths[name] = path
+    return paths
 
 
 def _strategy(name: str):

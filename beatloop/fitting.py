@@ -47,7 +47,7 @@ def fit(
     epochs: int = 1,
     data=None,
     config: Mapping[str, Any] | None = None,
-    models: Mapping[str, keras.Layer] | None = None,
+    models: Mapping[str, keras.Layer | str | Path] | None = None,
     optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
     callbacks: Sequence[Callback] = (),
     seed: int | None = None,
@@ -68,6 +68,9 @@ def fit(
 
     ``data`` is a ``tf.data.Dataset``, a ``(train, validation)`` pair or a DataSplit of
     batched ``(x, y)`` tuples or dicts; ``None`` takes the recipe's built-in data.
+    ``models`` and ``optimizers`` replace the recipe's parts by name; a model may be a
+    Keras model or the path of a ``.keras`` file, and every model the recipe declares
+    in ``supplied_models`` without a fallback must be given.
     ``seed`` seeds Python, NumPy and TensorFlow and turns on TensorFlow's op determinism
     (a random seed is drawn and recorded when omitted). ``steps_per_execution`` runs that
     many steps per compiled call; ``steps_per_epoch`` ends epochs after that many steps

@@ -3,6 +3,10 @@
 import re
 from pathlib import Path
 
+import pytest
+import tensorflow as tf
+
+import beatloop
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 
@@ -33,3 +37,36 @@ def test_setup_commands_come_first():
     commands = [line for line in lines[:12] if line.startswith("python3 -m venv")]
     assert len(commands) == 2
     assert "beatloop run supervised" in commands[0] and "pytest" in commands[1]
+
+
+def test_models_the_user_supplies_block_runs(monkeypatch, capsys):
+    (block,) = [b for b in python_blocks() if "class Distill" in b]
+    assert len([line for line in block.splitlines() if line.strip()]) < 45
+    monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
+    namespace = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    result = namespace["result"]
+    losses = result.history["val_distillation"]
+    assert losses[-1] < losses[0]
+    assert capsys.readouterr().out.endswith(f"{losses}\n")
+    # The student learnt the digits from the teacher and the labels, the teacher untouched.
+    data = namespace["digits"](0, 64).validation
+    x, y = (tf.concat([batch[key] for batch in data], 0) for key in ("x", "y"))
+
+    def accuracy(model):
+        predicted = tf.argmax(model(x), 1, output_type=tf.int32)
+        return float(tf.reduce_mean(tf.cast(predicted == y, tf.float32)))
+
+    assert accuracy(result.models["student"]) > max(0.85, accuracy(namespace["teacher"]) - 0.05)
+    assert result.models["teacher"] is namespace["teacher"]
+    # Without the teacher, the run stops at once and says what to pass.
+    with pytest.raises(beatloop.ConfigError) as caught:
+        beatloop.fit("distill", data=data, models={"student": namespace["student"]})
+    message = str(caught.value)
+    assert message.startswith("recipe 'distill'") and "needs model(s) you supply:" in message
+    assert "'teacher': a trained classifier of the same inputs" in message
+    assert (
+        "models={'teacher': model_or_path}" in message and "--model teacher=PATH.keras" in message
+    )
+    with pytest.raises(beatloop.ConfigError, match=r"'distill' has no built-in data .* pass data="):
+        beatloop.fit("distill", models={"student": namespace["student"]})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 import keras
@@ -22,9 +23,10 @@ from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.op_errors import failure_message
 from beatloop.core.options import EngineOptions
-from beatloop.core.recipe import Recipe, recipe_callbacks
+from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
+from beatloop.core.supplied import loaded, missing_models
 
 
 @attrs.frozen
@@ -49,14 +51,15 @@ def assemble(
     data: DataSplit,
     options: EngineOptions,
     *,
-    models: Mapping[str, keras.Layer] | None = None,
+    models: Mapping[str, keras.Layer | str | Path] | None = None,
     optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
     seed: int = 0,
     label: str | None = None,
     strategy: tf.distribute.Strategy | None = None,
 ) -> RunParts:
     """Build and check every part of a run of ``recipe`` on ``data``; ``models`` and
-    ``optimizers`` replace the recipe's parts of the same names."""
+    ``optimizers`` replace the recipe's parts of the same names (a model may be given as
+    the path of a ``.keras`` file)."""
     label = label or f"recipe {recipe.name!r}"
     _check_strategy(strategy, options)
     counters = Counters()  # host counters, advanced outside the replicas
@@ -65,7 +68,7 @@ def assemble(
     with _scope(strategy):
         random = tf.random.Generator.from_seed(seed)
         with dtype_policy(options.precision):
-            built_models = _replaced(recipe.build_models(spec), models, "model", label)
+            built_models = _models(recipe, spec, models, label)
             _build_unbuilt(recipe, built_models, spec, random, label)
         built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
         if options.precision == "mixed_float16":
@@ -162,19 +165,42 @@ def loss_scaled(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optim
     return keras.optimizers.LossScaleOptimizer(optimizer)
 
 
-def _replaced(built: Mapping, replacements: Mapping | None, kind: str, label: str) -> dict:
-    """The recipe's parts with the user's replacements, refusing names it does not have."""
-    parts = dict(built)
-    for name, part in (replacements or {}).items():
-        if name not in parts:
+def _models(recipe: Recipe, spec, given: Mapping | None, label: str) -> dict:
+    """The recipe's models (none when it defines no ``build_models``) with the user's in
+    their places, ``.keras`` paths loaded; the names it uses and its supplied models are
+    accepted, and every required model the user did not give is named in one error."""
+    given = dict(given or {})
+    builds = defines(recipe, "build_models")
+    built = recipe.build_models(spec) if builds else {}
+    names = recipe.model_names()
+    known = [*built, *(n for n in (recipe.supplied_models if builds else names) if n not in built)]
+    _refuse_unknown(given, known, "model", label)  # a misspelt name before a missing one
+    missing_models(label, recipe.supplied_models, given, None if builds else names)
+    return _replaced(built, loaded(given), "model", label, known)
+
+
+def _refuse_unknown(given: Mapping, known, kind: str, label: str) -> None:
+    for name in given:
+        if name not in known:
             raise ConfigError(
                 f"{label} has no {kind} named {name!r}"
-                f"{did_you_mean(name, parts)}; its {kind}s: {', '.join(parts)}"
+                f"{did_you_mean(name, known)}; its {kind}s: {', '.join(known) or '(none)'}"
             )
-        expected = keras.Layer if kind == "model" else keras.optimizers.Optimizer
+
+
+def _replaced(
+    built: Mapping, replacements: Mapping | None, kind: str, label: str, known=None
+) -> dict:
+    """The recipe's parts with the user's replacements, refusing names it does not have
+    (``known``: the names accepted, by default those of ``built``)."""
+    parts, replacements = dict(built), dict(replacements or {})
+    _refuse_unknown(replacements, list(parts) if known is None else known, kind, label)
+    expected = keras.Layer if kind == "model" else keras.optimizers.Optimizer
+    for name, part in replacements.items():
         if not isinstance(part, expected):
+            also = " or the path of a .keras file" if kind == "model" else ""
             raise ConfigError(
-                f"{kind} {name!r} must be a {expected.__module__}.{expected.__name__}, "
+                f"{kind} {name!r} must be a {expected.__module__}.{expected.__name__}{also}, "
                 f"got {type(part).__name__}"
             )
         parts[name] = part
@@ -223,6 +249,7 @@ def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -
             random=random,
             strategy=strategy,
             forwards=recipe.forwards(),
+            supplied=frozenset(recipe.supplied_models),
         )
     except BeatloopError:
         raise

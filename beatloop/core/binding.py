@@ -66,7 +66,9 @@ def bind(
     context: str = "the schedule",
     random: tf.random.Generator | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    *,
     forwards: Mapping[str, Callable] | None = None,
+    supplied: frozenset[str] = frozenset(),
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
@@ -75,6 +77,8 @@ def bind(
     losses draw noise from (a fresh one seeded with 0 if omitted). With a ``strategy``
     the probe is traced on its replicas, where distributed variables have gradients.
     ``forwards`` are the forward functions the schedule's groups name.
+    Variables of the ``supplied`` models (the recipe's ``supplied_models``) that no beat
+    updates count as frozen without being declared so.
     """
     if random is None:
         random = tf.random.Generator.from_seed(0)
@@ -86,7 +90,7 @@ def bind(
     ]
     problems += [p for g in _groups(schedule) for p in _group_problems(g, models, forwards)]
     resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.all_beats}
-    problems += _ownership_problems(schedule, models, resolved, problems)
+    problems += _ownership_problems(schedule, models, resolved, problems, supplied)
     groups: list[BoundGroup] = []
     if not problems:
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
@@ -155,24 +159,31 @@ def _group_problems(group: Group, models, forwards) -> list[str]:
 
 
 def _ownership_problems(
-    schedule: Schedule, models, resolved: Mapping[str, list], problems: list[str]
+    schedule: Schedule,
+    models,
+    resolved: Mapping[str, list],
+    problems: list[str],
+    supplied: frozenset[str] = frozenset(),
 ) -> list[str]:
-    """Variables no beat updates and nobody froze, frozen ones a beat updates, and ones
-    two beats update without being declared shared. (Selector problems of ``frozen``
-    and ``shared`` go to ``problems``.)"""
+    """Variables no beat updates and nobody froze (a supplied model's are frozen unless a
+    beat updates them), frozen ones a beat updates, and ones two beats update without
+    being declared shared. (Selector problems of ``frozen`` and ``shared`` go to
+    ``problems``.)"""
     claimed: dict[int, list[str]] = {}
     for name, variables in resolved.items():
         for variable in variables:
             claimed.setdefault(id(variable), []).append(name)
     frozen = {id(v) for s in schedule.frozen for v in select(s, models, problems, "frozen")}
     shared = {id(v) for s in schedule.shared for v in select(s, models, problems, "shared")}
+    # A supplied model is frozen unless a beat updates it: no declaration needed.
+    exempt = {id(v) for n in set(supplied) & set(models) for v in models[n].trainable_variables}
     owner = variable_owner(models)
     found = []
     for model in models.values():
         for variable in model.trainable_variables:
             key, beats = id(variable), claimed.get(id(variable), [])
             where = f"variable {variable.path!r} of model {owner[key]!r}"
-            if not beats and key not in frozen:
+            if not beats and key not in frozen and key not in exempt:
                 found.append(
                     f"{where} is updated by no beat and not declared frozen "
                     "(add it to a beat's `updates` or to Schedule(frozen=...))"

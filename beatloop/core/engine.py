@@ -45,7 +45,7 @@ class Engine:
         recipe: Recipe,
         data: DataSplit,
         *,
-        models: Mapping[str, keras.Layer] | None = None,
+        models: Mapping[str, keras.Layer | str | Path] | None = None,
         optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
         callbacks: Sequence[Callback] = (),
         options: EngineOptions | None = None,

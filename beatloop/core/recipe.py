@@ -2,7 +2,8 @@
 
 A recipe builds its models and optimizers, defines its losses, and returns its beat
 schedule; the engine does everything else. Subclasses set ``name`` and ``Config`` and
-implement the abstract parts; registration checks that they did.
+implement the abstract parts; registration checks that they did. ``default_data`` and
+``build_models`` are optional: a run that passes ``data=`` and ``models=`` needs neither.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import tensorflow as tf
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback, Order
+from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.run import Run
+from beatloop.core.supplied import SuppliedModel, model_names, no_models_message
 
 LossOutput = tf.Tensor | Mapping[str, tf.Tensor]
 LossFn = Callable[[ModelCalls, Mapping[str, tf.Tensor]], LossOutput]
@@ -38,8 +41,6 @@ class Recipe(abc.ABC):
     Subclasses define:
 
     - ``name``: the registry name; ``Config``: an attrs frozen class of its settings;
-    - ``default_data(seed)``: a :class:`DataSplit` built from data that ships locally;
-    - ``build_models(batch_spec)``: models by name, built for batches of that spec;
     - ``build_optimizers()``: optimizers by name;
     - ``losses()``: loss functions by name; each takes ``(models, batch)`` and returns a
       scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need
@@ -47,7 +48,11 @@ class Recipe(abc.ABC):
       the outputs of its group's forward, from ``forwards()``);
     - ``schedule()``: the :class:`Schedule` of one step.
 
-    Optional: ``batch_keys`` (key -> minimum rank), ``quality_figure``, ``build_metrics()`` and
+    Optional: ``default_data(seed)`` (a :class:`DataSplit` built from data that ships
+    locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
+    by name, built for batches of that spec; without it every run passes ``models=``),
+    ``supplied_models`` (models the user supplies, see :class:`SuppliedModel`),
+    ``batch_keys`` (key -> minimum rank), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
     for figures logged with each epoch.
@@ -59,6 +64,10 @@ class Recipe(abc.ABC):
     #: The logged figure that says how good a run's result is, and whether higher is
     #: better (``beatloop compare`` puts it in its table); none by default.
     quality_figure: ClassVar[tuple[str, str] | None] = None
+    #: Models the user supplies (a trained teacher, a pretrained feature network), by
+    #: name: required unless ``build_models`` builds a declared fallback; frozen unless a
+    #: beat updates them.
+    supplied_models: ClassVar[Mapping[str, SuppliedModel]] = {}
 
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config
@@ -69,13 +78,22 @@ class Recipe(abc.ABC):
         doc = inspect.getdoc(cls) or ""
         return doc.strip().splitlines()[0] if doc.strip() else ""
 
-    @abc.abstractmethod
     def default_data(self, seed: int) -> DataSplit:
-        """Training and validation data for a run that passes none."""
+        """Training and validation data for a run that passes none. Optional: a recipe
+        without it is run with ``data=``."""
+        raise ConfigError(
+            f"recipe {self.name!r} has no built-in data (it defines no default_data): pass data=..."
+        )
 
-    @abc.abstractmethod
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
-        """Create this recipe's models for batches of ``batch_spec``."""
+        """Create this recipe's models for batches of ``batch_spec``. Optional: a recipe
+        without it is run with ``models=`` holding every model its schedule names."""
+        raise ConfigError(no_models_message(f"recipe {self.name!r}", self.model_names()))
+
+    def model_names(self) -> tuple[str, ...]:
+        """The model names this recipe uses: its schedule's selectors, its beats'
+        ``training`` models and its supplied models."""
+        return model_names(self.schedule(), self.supplied_models)
 
     @abc.abstractmethod
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
@@ -141,8 +159,15 @@ class EpochFigures(Callback):
         logs.update(self.recipe.epoch_figures(run))
 
 
+def defines(recipe: Recipe | type[Recipe], method: str) -> bool:
+    """Whether ``recipe`` (an instance or a class) defines ``method`` itself rather than
+    inheriting :class:`Recipe`'s (e.g. the optional ``default_data``, ``build_models``)."""
+    cls = recipe if isinstance(recipe, type) else type(recipe)
+    return getattr(cls, method) is not getattr(Recipe, method)
+
+
 def recipe_callbacks(recipe: Recipe) -> list[Callback]:
     """A recipe's end-of-epoch work, as callbacks: its figures (when it defines
     ``epoch_figures``) and its own ``callbacks()``."""
-    figures = type(recipe).epoch_figures is not Recipe.epoch_figures
+    figures = defines(recipe, "epoch_figures")
     return [*([EpochFigures(recipe)] if figures else []), *recipe.callbacks()]

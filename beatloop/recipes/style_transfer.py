@@ -11,9 +11,10 @@ randomly initialised VGG-style convolution stack. Style transfer and texture syn
 with random, untrained convolutional features is a documented technique: He, Wang &
 Hopcroft, "A Powerful Generative Model Using Random Weights for the Deep Image
 Representation" (NeurIPS 2016), and Ustyuzhaninov et al., "Texture Synthesis Using
-Shallow Convolutional Networks with Random Filters" (2016). Pass any Keras model as
-``models={"features": ...}`` with its layer names in the config (e.g. a VGG19 loaded
-from a local weights file, with ``preprocess="vgg"``).
+Shallow Convolutional Networks with Random Filters" (2016). The feature network is a
+supplied model with that stack as its fallback: pass any Keras model (or ``.keras``
+file) as ``models={"features": ...}`` with its layer names in the config (e.g. a VGG19
+loaded from a local weights file, with ``preprocess="vgg"``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 from beatloop.core.run import Run
+from beatloop.core.supplied import SuppliedModel
 from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
@@ -110,6 +112,13 @@ class StyleTransfer(Recipe):
     quality_figure = ("style_loss", "min")
     Config = StyleTransferConfig
     batch_keys = {"content": 4, "style": 4}
+    supplied_models = {
+        "features": SuppliedModel(
+            "an image network (RGB in [0, 1], or VGG-preprocessed with preprocess=vgg) "
+            "with layers named as content_layer and style_layers, e.g. a VGG19",
+            fallback="a fixed, seeded, randomly initialised VGG-style stack (random features)",
+        )
+    }
 
     def __init__(self, config=None):
         super().__init__(config)
@@ -142,6 +151,8 @@ class StyleTransfer(Recipe):
         return problems
 
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
+        """The picture (or generator), and the fallback feature network: a user's
+        ``features`` replaces it."""
         models = {"features": random_vgg(self.config.feature_seed)}
         height, width = batch_spec["content"].shape[1:3]
         if self.config.mode == "image":
@@ -181,6 +192,8 @@ class StyleTransfer(Recipe):
             )
         else:
             beat = Beat(loss="total", optimizer="optimizer", updates="generator")
+        # A supplied model is frozen anyway; declaring it keeps any beat from updating
+        # it, and keeps the schedule (and run records) as they were.
         return Schedule(beat, frozen="features")
 
     # --- the loss ------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""Models a recipe's user supplies (a trained teacher, a pretrained feature network), and
+the models a run is given: ``.keras`` paths loaded, the missing ones named in one error.
+
+A recipe declares them in ``supplied_models`` as :class:`SuppliedModel` values. One with
+a ``fallback`` is built by the recipe's ``build_models`` when the user passes none; one
+without is required. Either way a supplied model is frozen unless a beat updates it: the
+binding rules do not ask for its variables to be declared frozen (``bind(supplied=...)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import attrs
+import keras
+
+from beatloop.core.beats import Schedule
+from beatloop.core.errors import ConfigError
+
+
+def _text(instance, attribute, value) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"SuppliedModel.{attribute.name} must be a non-empty text, got {value!r}")
+
+
+@attrs.frozen
+class SuppliedModel:
+    """A model the user supplies: what it is, in one line, and what the recipe's
+    ``build_models`` builds in its place when the user supplies none (``None``: nothing,
+    so the model is required)."""
+
+    description: str = attrs.field(validator=_text)
+    fallback: str | None = attrs.field(default=None, validator=attrs.validators.optional(_text))
+
+    @property
+    def required(self) -> bool:
+        return self.fallback is None
+
+    def describe(self) -> str:
+        """One line: the description, then the fallback or "required"."""
+        return f"{self.description} ({self._instead()})"
+
+    def _instead(self) -> str:
+        return "required" if self.fallback is None else f"if none is given: {self.fallback}"
+
+
+def model_names(schedule: Schedule, supplied: Mapping[str, SuppliedModel]) -> tuple[str, ...]:
+    """The model names a recipe uses: its schedule's selectors (``updates``, ``frozen``,
+    ``shared``), its beats' and groups' ``training`` and its supplied models, in that
+    order."""
+    selectors = [s for beat in schedule.all_beats for s in beat.updates]
+    selectors += [*schedule.frozen, *schedule.shared]
+    names = [s.partition(":")[0] for s in selectors]
+    modes = [*schedule.all_beats, *(e for e in schedule.beats if e not in schedule.all_beats)]
+    names += [name for entry in modes for name in entry.training or ()]
+    return tuple(dict.fromkeys([*names, *supplied]))
+
+
+def how_to_pass(names: Iterable[str]) -> str:
+    """How to give models: in Python, and on the command line."""
+    names = list(names)
+    python = ", ".join(f"{name!r}: model_or_path" for name in names)
+    command = " ".join(f"--model {name}=PATH.keras" for name in names)
+    return f"models={{{python}}} in Python, {command} on the command line"
+
+
+def no_models_message(label: str, names: Iterable[str]) -> str:
+    """What to say when a recipe that builds no models is not given the ones it needs."""
+    return (
+        f"{label} builds no models (it defines no build_models): pass models={{...}} with: "
+        f"{', '.join(names) or '(none named by its schedule)'}"
+    )
+
+
+def missing_models(
+    label: str,
+    supplied: Mapping[str, SuppliedModel],
+    given: Mapping[str, object],
+    needed: Iterable[str] | None = None,
+) -> None:
+    """Raise one ConfigError naming every required supplied model not ``given`` and,
+    for a recipe that builds no models (``needed`` given), every other model it needs."""
+    wrong = {n: type(m).__name__ for n, m in supplied.items() if not isinstance(m, SuppliedModel)}
+    if wrong:
+        raise ConfigError(
+            f"{label}'s supplied_models must map names to beatloop.SuppliedModel values; "
+            f"found {wrong}"
+        )
+    problems = []
+    absent = {n: m for n, m in supplied.items() if m.required and n not in given}
+    if absent:
+        lines = "".join(f"\n  - {name!r}: {model.description}" for name, model in absent.items())
+        problems.append(
+            f"{label} needs model(s) you supply:{lines}\npass them as {how_to_pass(absent)}"
+        )
+    needed = [name for name in needed or () if name not in given and name not in absent]
+    if needed:
+        problems.append(no_models_message(label, needed))
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def loaded(models: Mapping[str, object] | None) -> dict[str, object]:
+    """The given models with every path (``str`` or ``Path``) to a ``.keras`` file loaded
+    (uncompiled); other values are kept for the caller to check."""
+    return {
+        name: _load(name, Path(value)) if isinstance(value, str | Path) else value
+        for name, value in (models or {}).items()
+    }
+
+
+def _load(name: str, path: Path) -> keras.Model:
+    where = f"model {name!r} from {str(path)!r}"
+    if path.suffix != ".keras":
+        raise ConfigError(
+            f"cannot load {where}: a path must name a .keras file (save one with "
+            f"model.save('{name}.keras')), found suffix {path.suffix or '(none)'!r}"
+        )
+    if not path.is_file():
+        raise ConfigError(f"cannot load {where}: there is no such file")
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as error:
+        raise ConfigError(f"cannot load {where}: {type(error).__name__}: {error}") from error
