@@ -166,12 +166,22 @@ def cross_entropy(targets, logits):
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits))
 
 
-def tutorial_dcgan_training(generator, discriminator, data, *, epochs: int, seed: int, latent: int):
+def tutorial_dcgan_training(
+    generator,
+    discriminator,
+    data,
+    *,
+    epochs: int,
+    seed: int,
+    latent: int,
+    optimizer=lambda: keras.optimizers.Adam(1e-3, beta_1=0.5),
+    loss=cross_entropy,
+):
     """The TensorFlow DCGAN tutorial's loop: one generated batch, one discriminator pass
     over real and fake, two tapes, then both optimizers apply their gradients. Noise is
-    drawn from a generator seeded like a beatloop run's, so both draw the same numbers."""
-    g_optimizer = keras.optimizers.Adam(1e-3, beta_1=0.5)
-    d_optimizer = keras.optimizers.Adam(1e-3, beta_1=0.5)
+    drawn from a generator seeded like a beatloop run's, so both draw the same numbers.
+    ``optimizer`` makes each network's optimizer; ``loss`` is the cross-entropy."""
+    g_optimizer, d_optimizer = optimizer(), optimizer()
     noise_source = tf.random.Generator.from_seed(seed)
 
     @tf.function
@@ -183,10 +193,10 @@ def tutorial_dcgan_training(generator, discriminator, data, *, epochs: int, seed
             fake_output = discriminator(generated_images, training=True)
             # (This line before the next: in the other order grappler's arithmetic
             # optimizer sums the discriminator's gradients in another order.)
-            disc_loss = cross_entropy(tf.ones_like(real_output), real_output) + cross_entropy(
+            disc_loss = loss(tf.ones_like(real_output), real_output) + loss(
                 tf.zeros_like(fake_output), fake_output
             )
-            gen_loss = cross_entropy(tf.ones_like(fake_output), fake_output)
+            gen_loss = loss(tf.ones_like(fake_output), fake_output)
         gen_grads = gen_tape.gradient(gen_loss, generator.trainable_variables)
         disc_grads = disc_tape.gradient(disc_loss, discriminator.trainable_variables)
         g_optimizer.apply_gradients(zip(gen_grads, generator.trainable_variables, strict=True))
