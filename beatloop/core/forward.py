@@ -20,9 +20,11 @@ class ModelCalls(Mapping[str, Callable]):
     """The recipe's models by name, each called in the mode its beat declares.
 
     ``models["generator"](z)`` calls the generator with ``training=True`` if the beat
-    runs it in training mode, else ``training=False``; float16/bfloat16 outputs of a
-    mixed-precision model come back as float32. ``models.raw(name)`` gives the
-    model itself (its variables, sub-models). ``models.random`` is the run's
+    runs it in training mode, else ``training=False``; an explicit ``training=`` in the
+    call (``models["discriminator"](x, training=True)``) overrides the beat's mode for
+    that call. Float16/bfloat16 outputs of a mixed-precision model come back as float32.
+    ``models.raw(name)`` gives the model itself (its variables, sub-models).
+    ``models.random`` is the run's
     ``tf.random.Generator``: draw noise from it (``models.random.normal(shape)``) so a
     resumed run draws exactly the numbers the uninterrupted one would have.
     """
@@ -68,10 +70,12 @@ class ModelCalls(Mapping[str, Callable]):
 _HALF = (tf.float16, tf.bfloat16)
 
 
-def _call_in_float32(model: keras.Layer, training: bool, *args, **kwargs):
-    """Call ``model``; half-precision outputs (a mixed-precision model's) come back as
-    float32, so losses are computed and reduced in float32."""
-    outputs = model(*args, training=training, **kwargs)
+def _call_in_float32(model: keras.Layer, mode: bool, /, *args, **kwargs):
+    """Call ``model`` in the beat's ``mode`` unless the call says ``training=`` itself;
+    half-precision outputs (a mixed-precision model's) come back as float32, so losses
+    are computed and reduced in float32."""
+    kwargs.setdefault("training", mode)
+    outputs = model(*args, **kwargs)
     return tf.nest.map_structure(
         lambda t: tf.cast(t, tf.float32) if getattr(t, "dtype", None) in _HALF else t, outputs
     )
