@@ -24,9 +24,9 @@ class ModelCalls(Mapping[str, Callable]):
     call (``models["discriminator"](x, training=True)``) overrides the beat's mode for
     that call. Float16/bfloat16 outputs of a mixed-precision model come back as float32.
     ``models.raw(name)`` gives the model itself (its variables, sub-models).
-    ``models.random`` is the run's
-    ``tf.random.Generator``: draw noise from it (``models.random.normal(shape)``) so a
-    resumed run draws exactly the numbers the uninterrupted one would have.
+    ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
+    (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
+    uninterrupted one would have.
     """
 
     def __init__(
