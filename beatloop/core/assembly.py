@@ -15,15 +15,22 @@ from beatloop.core.batches import DataSplit, check_split
 from beatloop.core.binding import BoundSchedule, bind
 from beatloop.core.callbacks import Callback
 from beatloop.core.counters import Counters
-from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_mean
+from beatloop.core.errors import (
+    BeatloopError,
+    ConfigError,
+    DataError,
+    UserCodeError,
+    did_you_mean,
+)
 from beatloop.core.forward import forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
-from beatloop.core.op_errors import failure_message
+from beatloop.core.op_errors import batch_shapes, failure_message
 from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe, recipe_callbacks
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
+from beatloop.core.user_code import in_recipe
 
 
 @attrs.frozen
@@ -73,9 +80,10 @@ def assemble(
         beat_names = [beat.name for beat in bound.beats]
         train_metrics = StepMetrics(beat_names, recipe.build_metrics())
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
-    train_loop, validation_loop = _loops(
-        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
-    )
+    with in_recipe(label, spec):  # the loops are traced here: a recipe's mistakes show now
+        train_loop, validation_loop = _loops(
+            recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
+        )
     return RunParts(
         recipe=recipe,
         label=label,
@@ -191,6 +199,8 @@ def _build_unbuilt(
     for name, loss_fn in recipe.losses().items():
         try:
             forward(loss_fn, name, models, frozenset(), (), batch, random)
+        except UserCodeError as error:
+            raise error.in_recipe(label, batch_shapes(spec)) from error.original
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly
@@ -209,6 +219,8 @@ def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -
             random=random,
             strategy=strategy,
         )
+    except UserCodeError as error:
+        raise error.in_recipe(label, batch_shapes(spec)) from error.original
     except BeatloopError:
         raise
     except (ValueError, TypeError, tf.errors.OpError) as error:

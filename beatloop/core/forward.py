@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.errors import BeatloopError
+from beatloop.core.user_code import call_user
 
 
 class ModelCalls(Mapping[str, Callable]):
@@ -118,9 +119,8 @@ def forward(
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    loss, outputs = split_loss_output(
-        loss_fn(ModelCalls(models, training, random), batch), beat_name
-    )
+    result = call_user(loss_fn, "loss", beat_name, ModelCalls(models, training, random), batch)
+    loss, outputs = split_loss_output(result, beat_name)
     extra = [
         tf.reduce_sum(tf.cast(term, tf.float32)) for model in regularised for term in model.losses
     ]

@@ -19,6 +19,7 @@ from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import beat_checks, check_finite, no_checks
 from beatloop.core.replicas import on_replicas, replica_view
+from beatloop.core.user_code import call_user
 
 Batch = Mapping[str, tf.Tensor]
 
@@ -64,7 +65,7 @@ class TrainStep:
                     lambda: tf.zeros([2]),
                 )
             checks.append(row)
-        self.update_metrics(self.metrics.metrics, batch, outputs)
+        call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return tf.stack(checks), size
 
     def run_beat(self, beat: BoundBeat, batch, size, share, random, step):
@@ -161,5 +162,5 @@ class ValidationStep:
                 self.bound.models, batch, training=False, random=random
             )
             self.metrics.losses[beat.name].update_state(loss, sample_weight=size)
-        self.update_metrics(self.metrics.metrics, batch, outputs)
+        call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return no_checks(0), size
