@@ -18,6 +18,7 @@ import tensorflow as tf
 from beatloop.core.beats import Beat, Schedule
 from beatloop.core.errors import ScheduleError, did_you_mean
 from beatloop.core.forward import forward
+from beatloop.core.randomness import global_random_ops, new_operations, warn_global_random
 
 
 @attrs.frozen
@@ -171,7 +172,7 @@ def bind(
         ]
         problems += _build_optimizers(beats)
     if batch_spec is not None and not problems:
-        problems += _gradient_problems(beats, models, batch_spec, random, strategy)
+        problems += _gradient_problems(beats, models, batch_spec, random, strategy, context)
     if problems:
         raise ScheduleError(problems, context)
     return BoundSchedule(schedule, tuple(beats), dict(models), dict(optimizers), random)
@@ -281,14 +282,19 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     return problems
 
 
-def _gradient_problems(bound_beats, models, batch_spec, random, strategy=None) -> list[str]:
-    """Trace each beat's loss and gradients (nothing runs) and report None gradients."""
+def _gradient_problems(
+    bound_beats, models, batch_spec, random, strategy=None, context="the schedule"
+) -> list[str]:
+    """Trace each beat's loss and gradients (nothing runs) and report None gradients;
+    warn of losses that draw from global random ops (they break exact resume)."""
     problems: list[str] = []
+    global_random: dict[str, list[str]] = {}
 
     def probe(batch):
         for beat in bound_beats:
-            with tf.GradientTape() as tape:
+            with tf.GradientTape() as tape, new_operations() as created:
                 loss, _ = beat.forward(models, batch, random=random)
+            global_random[beat.name] = global_random_ops(created)
             grads = tape.gradient(loss, list(beat.variables))
             for variable, grad in zip(beat.variables, grads, strict=True):
                 if grad is None:
@@ -304,4 +310,5 @@ def _gradient_problems(bound_beats, models, batch_spec, random, strategy=None) -
     else:  # traced once per replica: the same problems, found twice
         distributed = lambda batch: strategy.run(probe, args=(batch,))  # noqa: E731
         tf.function(distributed).get_concrete_function(dict(batch_spec))
+    warn_global_random(global_random, context)
     return list(dict.fromkeys(problems))
