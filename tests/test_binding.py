@@ -242,3 +242,47 @@ def test_binding_does_not_advance_the_runs_generator():
     np.testing.assert_array_equal(
         random.state.numpy(), tf.random.Generator.from_seed(7).state.numpy()
     )
+
+
+class LazyNoisy(beatloop.Recipe):
+    """One model, built lazily (no ``Input``) unless ``built``; its loss draws noise from
+    ``models.random`` (test recipe)."""
+
+    name = "lazy_noisy_test"
+
+    def __init__(self, built: bool):
+        super().__init__()
+        self.built = built
+
+    def default_data(self, seed):
+        raise NotImplementedError("a test passes its data")
+
+    def build_models(self, batch_spec):
+        inputs = [keras.Input((4,))] if self.built else []
+        return {"m": keras.Sequential([*inputs, keras.layers.Dense(2)])}
+
+    def build_optimizers(self):
+        return {"sgd": keras.optimizers.SGD(0.1)}
+
+    def losses(self):
+        return {"noisy": self.noisy}
+
+    def noisy(self, models, batch):
+        noise = models.random.normal(tf.shape(batch["x"]))
+        return tf.reduce_mean(tf.square(models["m"](batch["x"] + noise) - batch["y"]))
+
+    def schedule(self):
+        return Schedule(Beat(loss="noisy", optimizer="sgd", updates="m"))
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_a_runs_generator_starts_at_its_seed_when_training_starts(built):
+    from beatloop.core.batches import as_data_split
+    from beatloop.core.engine import Engine
+
+    rows = {"x": np.ones((8, 4), np.float32), "y": np.zeros((8, 2), np.float32)}
+    data = as_data_split(tf.data.Dataset.from_tensor_slices(rows).batch(4))
+    engine = Engine(LazyNoisy(built), data, seed=7)  # built, bound, loops traced
+    np.testing.assert_array_equal(
+        engine.parts.bound.random.state.numpy(), tf.random.Generator.from_seed(7).state.numpy()
+    )

@@ -189,9 +189,11 @@ def _build_unbuilt(
     recipe: Recipe, models: Mapping[str, keras.Layer], spec, random, label: str
 ) -> None:
     """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
-    by running every loss once in inference mode on a zero batch of the data's spec."""
+    by running every loss once in inference mode on a zero batch of the data's spec.
+    The losses draw from a copy of ``random``, so the run's stream still starts at its seed."""
     if all(model.built for model in models.values()):
         return
+    random = tf.random.Generator.from_state(random.state.read_value(), random.algorithm)
     batch = {
         key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
         for key, s in spec.items()
