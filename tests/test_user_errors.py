@@ -72,6 +72,21 @@ def fail_in_a_helper(batch):
     return batch["x"] + tf.zeros([3, 3])  # helper raises here
 
 
+class FaultyModel(keras.Model):
+    """A subclassed model whose ``call`` fails when traced (it runs eagerly once, to be
+    built)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(10)
+        self(tf.zeros([1, 64]))
+
+    def call(self, x, training=None):
+        if tf.executing_eagerly():
+            return self.dense(x)
+        return self.dense(x) + {}["in_call"]  # model's call raises here
+
+
 class Broken(beatloop.Recipe):
     """One model fitted by one beat; the loss or the metric update fails as the test
     says (test recipe)."""
@@ -89,6 +104,8 @@ class Broken(beatloop.Recipe):
         return digits(seed, 50)
 
     def build_models(self, batch_spec):
+        if self.loss_fails == "in_model":
+            return {"model": FaultyModel()}
         return {"model": keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])}
 
     def build_optimizers(self):
@@ -164,6 +181,16 @@ def test_the_innermost_line_of_the_recipes_own_code_is_named(digit_batches):
     # the failing op is TensorFlow's; the line reported is the recipe's own helper
     assert_reported(caught, "loss 'xent'", "# helper raises here", ValueError, "")
     assert "in fail_in_a_helper: return batch" in str(caught.value)
+
+
+def test_a_failing_model_call_method_is_named(digit_batches):
+    with pytest.raises(beatloop.UserCodeError) as caught:
+        beatloop.fit(Broken(loss_fails="in_model"), data=digit_batches)
+    # Keras rewrites the KeyError's message: it is shown as text, without its colours
+    assert_reported(caught, "loss 'xent'", "# model's call raises here", KeyError, "")
+    assert "KeyError: Exception encountered when calling FaultyModel.call(). in_call" in str(
+        caught.value
+    )
 
 
 def test_a_bad_model_call_in_a_loss_names_the_call(digit_batches):

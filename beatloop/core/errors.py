@@ -100,7 +100,12 @@ class UserCodeError(BeatloopError):
         head = f"{recipe}: " if recipe else ""
         beat_part = f" of beat {beat!r}" if beat else ""
         shapes = f" on batches of {batches}" if batches else ""
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(original))  # Keras's terminal colours
+        text = str(original)
+        if isinstance(original, KeyError) and "\n" in str(
+            original.args[0] if original.args else ""
+        ):
+            text = str(original.args[0])  # a message (Keras's), not a key: unquoted
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Keras's terminal colours
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         detail = " ".join(lines[:6])
         if len(detail) > 500:
