@@ -33,8 +33,8 @@ def call_user(fn: Callable, what: str, beat: str | None, *args):
     """``fn(*args)``; an exception from ``fn`` itself becomes a UserCodeError naming
     ``what`` it is (``"loss"``, ``"metric update"``, ``"forward"``), its name and ``beat``.
 
-    The handler has no branch on purpose: autograph converts this function, and a bare
-    re-raise inside a converted conditional would be fragile.
+    Autograph converts this function (so ``fn`` is converted too); the handler holds no
+    conditional for it to rewrite: :func:`reported` picks the exception to raise.
     """
     try:
         return fn(*args)
