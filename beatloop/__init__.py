@@ -61,6 +61,8 @@ _EXPORTS = {
     "RegistrationError": "beatloop.core.errors",
     "CallbackError": "beatloop.core.errors",
     "NumericsError": "beatloop.core.errors",
+    "UserCodeError": "beatloop.core.errors",
+    "ResumeWarning": "beatloop.core.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -103,7 +105,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         NumericsError,
         RecipeNotFoundError,
         RegistrationError,
+        ResumeWarning,
         ScheduleError,
+        UserCodeError,
     )
     from beatloop.core.forward import ModelCalls
     from beatloop.core.options import EngineOptions

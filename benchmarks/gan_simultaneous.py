@@ -34,6 +34,7 @@ def make_models(seed: int = 0) -> tuple[keras.Model, keras.Model]:
     keras.utils.set_random_seed(seed)
     return StepOnly(GanConfig(**CONFIG))._conv_models((64,))
 
+
 TARGET = 1.0
 
 

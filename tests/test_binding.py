@@ -1,10 +1,13 @@
 """Binding a schedule to models: every rule checked, every problem in one error."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import beatloop
 from beatloop import Beat, Schedule, ScheduleError, bind
 
 
@@ -140,3 +143,146 @@ def test_optimizer_shared_by_two_beats_is_built_for_their_union():
     assert {id(v) for v in optimizer._trainable_variables} == {
         id(v) for m in models.values() for v in m.trainable_variables
     }
+
+
+# --- random draws and exact resume ---------------------------------------------------------
+
+SEEDED = keras.random.SeedGenerator(1)
+GENERATOR = tf.random.Generator.from_seed(1)
+DROPOUT = keras.layers.Dropout(0.5, seed=1)
+NOISE = keras.layers.GaussianNoise(0.1, seed=1)
+
+
+@pytest.mark.parametrize(
+    "draw, expected",
+    [
+        (lambda x: x + tf.random.normal([4]), ["RandomStandardNormal"]),
+        (lambda x: x + tf.random.uniform([4]), ["RandomUniform"]),
+        (lambda x: x + tf.random.truncated_normal([4]), ["TruncatedNormal"]),
+        (lambda x: tf.random.categorical(x[None], 2), ["Multinomial"]),
+        (lambda x: tf.random.shuffle(x), ["RandomShuffle"]),
+        (lambda x: tf.nn.dropout(x, 0.5), ["RandomUniform"]),
+        (
+            lambda x: tf.cond(x[0] > 0, lambda: tf.random.gamma([4], 1.0), lambda: x),
+            ["RandomGamma"],
+        ),
+        (lambda x: x + GENERATOR.normal([4]) + GENERATOR.uniform([4]), []),
+        (lambda x: DROPOUT(x, training=True), []),
+        (lambda x: NOISE(x, training=True), []),
+        (lambda x: x + keras.random.normal([4], seed=SEEDED), []),
+        (lambda x: tf.random.stateless_normal([4], [1, 2]), []),
+    ],
+)
+def test_global_random_ops_are_recognised(draw, expected):
+    from beatloop.core.randomness import global_random_ops, new_operations
+
+    def traced(x):
+        with new_operations() as created:
+            draw(x)
+        found.extend(global_random_ops(created))
+        return x
+
+    found = []
+    tf.function(traced).get_concrete_function(tf.TensorSpec([4], tf.float32))
+    assert found == expected
+
+
+def test_a_loss_drawing_global_random_numbers_warns_naming_its_beat():
+    def noisy(models, batch):
+        noise = tf.random.normal(tf.shape(batch["x"]))
+        return mse_through_both(models, {**batch, "x": batch["x"] + noise})
+
+    schedule = Schedule(
+        (
+            Beat(loss="noisy", optimizer="opt", updates="encoder"),
+            Beat(loss="mse", optimizer="opt", updates="head"),
+        )
+    )
+    losses = {"noisy": noisy, "mse": mse_through_both}
+    with pytest.warns(beatloop.ResumeWarning) as caught:
+        bind(schedule, two_models(), {"opt": keras.optimizers.SGD()}, losses, SPEC, "mine")
+    (warning,) = caught
+    assert str(warning.message).startswith(
+        "mine: the loss of beat 'noisy' draws from TensorFlow's global random ops "
+        "(RandomStandardNormal)"
+    )
+    assert "models.random.normal(shape)" in str(warning.message)
+
+
+@pytest.mark.parametrize(
+    "name, config",
+    [
+        ("supervised", {"dropout": 0.5}),
+        ("gan", {}),
+        ("multitask", {}),
+        ("risk_weighted", {}),
+        ("style_transfer", {}),
+    ],
+)
+def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):
+    recipe = beatloop.make_recipe(name, config)
+    spec = recipe.default_data(0).train.element_spec
+    models = recipe.build_models(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", beatloop.ResumeWarning)
+        bind(recipe.schedule(), models, recipe.build_optimizers(), recipe.losses(), spec)
+
+
+def test_binding_does_not_advance_the_runs_generator():
+    """Binding only traces the losses: the generator's state is the seed's."""
+
+    def noisy(models, batch):
+        noise = models.random.normal(tf.shape(batch["x"]))
+        return mse_through_both(models, {**batch, "x": batch["x"] + noise})
+
+    random = tf.random.Generator.from_seed(7)
+    schedule = Schedule(Beat(loss="noisy", optimizer="opt", updates=("encoder", "head")))
+    optimizers = {"opt": keras.optimizers.SGD()}
+    bind(schedule, two_models(), optimizers, {"noisy": noisy}, SPEC, random=random)
+    np.testing.assert_array_equal(
+        random.state.numpy(), tf.random.Generator.from_seed(7).state.numpy()
+    )
+
+
+class LazyNoisy(beatloop.Recipe):
+    """One model, built lazily (no ``Input``) unless ``built``; its loss draws noise from
+    ``models.random`` (test recipe)."""
+
+    name = "lazy_noisy_test"
+
+    def __init__(self, built: bool):
+        super().__init__()
+        self.built = built
+
+    def default_data(self, seed):
+        raise NotImplementedError("a test passes its data")
+
+    def build_models(self, batch_spec):
+        inputs = [keras.Input((4,))] if self.built else []
+        return {"m": keras.Sequential([*inputs, keras.layers.Dense(2)])}
+
+    def build_optimizers(self):
+        return {"sgd": keras.optimizers.SGD(0.1)}
+
+    def losses(self):
+        return {"noisy": self.noisy}
+
+    def noisy(self, models, batch):
+        noise = models.random.normal(tf.shape(batch["x"]))
+        return tf.reduce_mean(tf.square(models["m"](batch["x"] + noise) - batch["y"]))
+
+    def schedule(self):
+        return Schedule(Beat(loss="noisy", optimizer="sgd", updates="m"))
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_a_runs_generator_starts_at_its_seed_when_training_starts(built):
+    from beatloop.core.batches import as_data_split
+    from beatloop.core.engine import Engine
+
+    rows = {"x": np.ones((8, 4), np.float32), "y": np.zeros((8, 2), np.float32)}
+    data = as_data_split(tf.data.Dataset.from_tensor_slices(rows).batch(4))
+    engine = Engine(LazyNoisy(built), data, seed=7)  # built, bound, loops traced
+    np.testing.assert_array_equal(
+        engine.parts.bound.random.state.numpy(), tf.random.Generator.from_seed(7).state.numpy()
+    )

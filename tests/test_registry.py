@@ -211,11 +211,14 @@ def test_plugin_schedule_error_names_the_plugin(install_plugin, small_digits):
 def test_plugin_recipe_missing_parts_is_refused_at_registration(install_plugin):
     install_plugin("bl-sketch", "bl_test_sketch", MISSING_PARTS)
     with pytest.warns(
-        RuntimeWarning, match=r"Sketch from plugin 'bl_test_sketch' \(bl-sketch\) lacks"
+        RuntimeWarning,
+        match=r"Sketch from plugin 'bl_test_sketch' \(bl-sketch\) has 1 problem\(s\):\n"
+        r"  - it lacks",
     ):
         registry = Registry()
     with pytest.raises(
-        RecipeNotFoundError, match=r"failed to load: bl_test_sketch \(bl-sketch\).*build_optimizers"
+        RecipeNotFoundError,
+        match=r"(?s)failed to load: bl_test_sketch \(bl-sketch\).*build_optimizers",
     ):
         registry.recipe("sketch")
 
@@ -230,9 +233,52 @@ def test_recipe_whose_default_schedule_names_unknown_losses_is_refused():
             )
 
     with pytest.raises(
-        RegistrationError, match=r"uses loss\(es\) \['xent'\] that losses\(\) does not define"
+        RegistrationError, match=r"beat 'xent' uses loss 'xent', which losses\(\) does not define"
     ):
         Registry(load_entry_points=False).register(Mislabelled)
+
+
+def test_registration_lists_every_problem_at_once():
+    class Typos(Supervised):
+        name = "not an identifier"
+
+        def schedule(self):
+            return beatloop.Schedule(
+                (
+                    beatloop.Beat(loss="los", optimizer="optimiser", updates="model", name="fit"),
+                    beatloop.Beat(loss="loss", optimizer="adam", updates="model", name="again"),
+                )
+            )
+
+    with pytest.raises(RegistrationError) as caught:
+        Registry(load_entry_points=False).register(Typos)
+    message = str(caught.value)
+    assert "has 4 problem(s):" in message
+    for problem in (
+        "lacks a `name` that is a Python-style identifier (found 'not an identifier')",
+        "beat 'fit' uses loss 'los' (did you mean 'loss'?), which losses() does not define",
+        "beat 'fit' uses optimizer 'optimiser' (did you mean 'optimizer'?), which "
+        "build_optimizers() does not define (defined: optimizer)",
+        "beat 'again' uses optimizer 'adam'",
+    ):
+        assert problem in message, problem
+
+
+def test_missing_methods_do_not_hide_the_schedules_problems():
+    class Unfinished(beatloop.Recipe):
+        name = "unfinished"
+
+        def losses(self):
+            return {"loss": lambda models, batch: 0.0}
+
+        def schedule(self):
+            return beatloop.Schedule(beatloop.Beat(loss="lost", optimizer="opt", updates="m"))
+
+    with pytest.raises(RegistrationError) as caught:
+        Registry(load_entry_points=False).register(Unfinished)
+    message = str(caught.value)
+    assert "lacks the method(s) build_models, build_optimizers, default_data" in message
+    assert "beat 'lost' uses loss 'lost'" in message
 
 
 def test_list_verbose_shows_failed_plugins(install_plugin, capsys):

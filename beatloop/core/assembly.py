@@ -17,16 +17,23 @@ from beatloop.core.beats import Group
 from beatloop.core.binding import BoundSchedule, bind
 from beatloop.core.callbacks import Callback
 from beatloop.core.counters import Counters
-from beatloop.core.errors import BeatloopError, ConfigError, DataError, did_you_mean
+from beatloop.core.errors import (
+    BeatloopError,
+    ConfigError,
+    DataError,
+    UserCodeError,
+    did_you_mean,
+)
 from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
-from beatloop.core.op_errors import failure_message
+from beatloop.core.op_errors import batch_shapes, failure_message
 from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
 from beatloop.core.supplied import loaded, missing_models
+from beatloop.core.user_code import in_recipe
 
 
 @attrs.frozen
@@ -80,9 +87,10 @@ def assemble(
             beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
         )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
-    train_loop, validation_loop = _loops(
-        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
-    )
+    with in_recipe(label, spec):  # the loops are traced here: a recipe's mistakes show now
+        train_loop, validation_loop = _loops(
+            recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
+        )
     return RunParts(
         recipe=recipe,
         label=label,
@@ -212,9 +220,11 @@ def _build_unbuilt(
 ) -> None:
     """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
     by running every lone beat's loss and every group's forward once in inference mode on
-    a zero batch of the data's spec."""
+    a zero batch of the data's spec. They draw from a copy of ``random``, so the run's
+    stream still starts at its seed."""
     if all(model.built for model in models.values()):
         return
+    random = tf.random.Generator.from_state(random.state.read_value(), random.algorithm)
     batch = {
         key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
         for key, s in spec.items()
@@ -228,9 +238,11 @@ def _build_unbuilt(
             continue
         try:
             if grouped:
-                shared_forward(function, models, frozenset(), batch, random)
+                shared_forward(function, entry.name, models, frozenset(), batch, random)
             else:
-                forward(function, name, models, frozenset(), (), batch, random)
+                forward(function, entry.name, models, frozenset(), (), batch, random)
+        except UserCodeError as error:
+            raise error.in_recipe(label, batch_shapes(spec)) from error.original
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly
@@ -251,6 +263,8 @@ def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -
             forwards=recipe.forwards(),
             supplied=frozenset(recipe.supplied_models),
         )
+    except UserCodeError as error:
+        raise error.in_recipe(label, batch_shapes(spec)) from error.original
     except BeatloopError:
         raise
     except (ValueError, TypeError, tf.errors.OpError) as error:

@@ -17,6 +17,7 @@ import tensorflow as tf
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError, did_you_mean
+from beatloop.core.randomness import global_random_ops, new_operations, warn_global_random
 
 __all__ = ["BoundBeat", "BoundGroup", "BoundSchedule", "bind", "select", "variable_owner"]
 
@@ -96,7 +97,7 @@ def bind(
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
         problems += _build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
-        problems += _gradient_problems(groups, models, batch_spec, random, strategy)
+        problems += _gradient_problems(groups, models, batch_spec, random, strategy, context)
     if problems:
         raise ScheduleError(problems, context)
     beats = tuple(beat for group in groups for beat in group.beats)
@@ -258,13 +259,19 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     return problems
 
 
-def _gradient_problems(groups, models, batch_spec, random, strategy=None) -> list[str]:
-    """Trace each beat's loss and gradients (nothing runs) and report None gradients."""
+def _gradient_problems(
+    groups, models, batch_spec, random, strategy=None, context="the schedule"
+) -> list[str]:
+    """Trace each beat's loss and gradients (nothing runs) and report None gradients;
+    warn of losses that draw from global random ops (they break exact resume)."""
     problems: list[str] = []
+    global_random: dict[str, list[str]] = {}
 
     def probe(batch):
         for group in groups:
-            _, _, gradients = group.gradients(models, batch, random=random)
+            with new_operations() as created:
+                _, _, gradients = group.gradients(models, batch, random=random)
+            global_random[_where(group)] = global_random_ops(created)
             for beat, grads in zip(group.beats, gradients, strict=True):
                 for variable, grad in zip(beat.variables, grads, strict=True):
                     if grad is None:
@@ -276,7 +283,15 @@ def _gradient_problems(groups, models, batch_spec, random, strategy=None) -> lis
     else:  # traced once per replica: the same problems, found twice
         distributed = lambda batch: strategy.run(probe, args=(batch,))  # noqa: E731
         tf.function(distributed).get_concrete_function(dict(batch_spec))
+    warn_global_random(global_random, context)
     return list(dict.fromkeys(problems))
+
+
+def _where(group: BoundGroup) -> str:
+    """What draws a group's random numbers, in words."""
+    if group.forward_fn is None:
+        return f"the loss of beat {group.name!r}"
+    return f"group {group.name!r} (its forward or its beats' losses)"
 
 
 def _no_gradient(beat: BoundBeat, variable) -> str:

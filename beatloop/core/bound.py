@@ -115,7 +115,7 @@ class BoundGroup:
             loss, outputs = beat.forward(models, batch, training=training, random=random)
             return [loss], {beat.name: outputs}
         mode = self.training if training else frozenset()
-        shared = shared_forward(self.forward_fn, models, mode, batch, random)
+        shared = shared_forward(self.forward_fn, self.name, models, mode, batch, random)
         losses, outputs = [], {self.name: shared}
         for beat in self.beats:
             regularised = beat.regularised(models)

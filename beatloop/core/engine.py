@@ -28,6 +28,7 @@ from beatloop.core.recipe import Recipe
 from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
 from beatloop.core.stream import DataStream, epoch_length
+from beatloop.core.user_code import in_recipe
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -181,7 +182,7 @@ class Engine:
             if target is not None:
                 limit = min(limit, target - done)
             self.callbacks.fire("execution_start", run)
-            with data_errors("training"):
+            with data_errors("training"), in_recipe(self.parts.label):
                 result = self.stream.train(self.parts.train_loop, limit)
             if result.faulted:
                 self.recovery.recover(result, self.parts.bound.beats)
@@ -203,7 +204,7 @@ class Engine:
         run = run or self.run
         self.parts.validation_metrics.reset()
         self.callbacks.fire("validation_start", run)
-        with data_errors("validation"):
+        with data_errors("validation"), in_recipe(self.parts.label):
             self.stream.validate(self.parts.validation_loop, self.options.steps_per_execution)
         if not self._fitting:
             self.stream.wait()

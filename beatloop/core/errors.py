@@ -6,6 +6,7 @@ Every message says what was expected, what was found and, where it helps, what t
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -73,6 +74,62 @@ class NumericsError(BeatloopError, FloatingPointError):
 class CheckpointError(BeatloopError, OSError):
     """A checkpoint that cannot be written or read, or a run dir whose checkpoints belong
     to a different recipe, config or seed."""
+
+
+class UserCodeError(BeatloopError):
+    """An exception raised by a recipe's own code (a loss, a metric update, a forward
+    function), reported in that function: the recipe, the beat, the function, the
+    recipe's own line that failed, and the original ``Type: message``. The original
+    exception is ``original`` and the ``__cause__`` (raise it ``from error.original``:
+    TensorFlow re-raises some errors ``from None``). A ``TypeError`` or ``ValueError``
+    (often a shape or dtype that does not fit) also names the batches' shapes, where known.
+    """
+
+    def __init__(
+        self,
+        function: str,
+        original: BaseException,
+        *,
+        beat: str | None = None,
+        at: str | None = None,
+        recipe: str | None = None,
+        batches: str | None = None,
+    ):
+        self.function, self.original, self.beat, self.at = function, original, beat, at
+        self.recipe, self.batches = recipe, batches
+        head = f"{recipe}: " if recipe else ""
+        beat_part = f" of beat {beat!r}" if beat else ""
+        shapes = f" on batches of {batches}" if batches else ""
+        text = str(original)
+        if isinstance(original, KeyError) and "\n" in str(
+            original.args[0] if original.args else ""
+        ):
+            text = str(original.args[0])  # a message (Keras's), not a key: unquoted
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Keras's terminal colours
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        detail = " ".join(lines[:6])
+        if len(detail) > 500:
+            detail = detail[:500] + "..."
+        message = f"{head}{function}{beat_part} failed{shapes}: {type(original).__name__}: {detail}"
+        super().__init__(message + (f"\n  at {at}" if at else ""))
+        self.__cause__ = original
+
+    def in_recipe(self, label: str, batches: str | None = None) -> UserCodeError:
+        """This error naming the recipe ``label`` (unchanged if it names one already)
+        and, for a type or value error, the ``batches`` it failed on."""
+        if self.recipe is not None:
+            return self
+        if not isinstance(self.original, TypeError | ValueError):
+            batches = None
+        return UserCodeError(
+            self.function, self.original, beat=self.beat, at=self.at, recipe=label, batches=batches
+        )
+
+
+class ResumeWarning(UserWarning):
+    """Something in a recipe that works but breaks exact resume (a resumed run would not
+    continue as the uninterrupted one), such as drawing from TensorFlow's global random
+    ops instead of ``models.random``."""
 
 
 class RunInterrupted(KeyboardInterrupt):

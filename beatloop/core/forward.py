@@ -14,17 +14,20 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.errors import BeatloopError
+from beatloop.core.user_code import call_user
 
 
 class ModelCalls(Mapping[str, Callable]):
     """The recipe's models by name, each called in the mode its beat declares.
 
     ``models["generator"](z)`` calls the generator with ``training=True`` if the beat
-    runs it in training mode, else ``training=False``; float16/bfloat16 outputs of a
-    mixed-precision model come back as float32. ``models.raw(name)`` gives the
-    model itself (its variables, sub-models). ``models.random`` is the run's
-    ``tf.random.Generator``: draw noise from it (``models.random.normal(shape)``) so a
-    resumed run draws exactly the numbers the uninterrupted one would have.
+    runs it in training mode, else ``training=False``; an explicit ``training=`` in the
+    call (``models["discriminator"](x, training=True)``) overrides the beat's mode for
+    that call. Float16/bfloat16 outputs of a mixed-precision model come back as float32.
+    ``models.raw(name)`` gives the model itself (its variables, sub-models).
+    ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
+    (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
+    uninterrupted one would have.
     """
 
     def __init__(
@@ -68,10 +71,12 @@ class ModelCalls(Mapping[str, Callable]):
 _HALF = (tf.float16, tf.bfloat16)
 
 
-def _call_in_float32(model: keras.Layer, training: bool, *args, **kwargs):
-    """Call ``model``; half-precision outputs (a mixed-precision model's) come back as
-    float32, so losses are computed and reduced in float32."""
-    outputs = model(*args, training=training, **kwargs)
+def _call_in_float32(model: keras.Layer, mode: bool, /, *args, **kwargs):
+    """Call ``model`` in the beat's ``mode`` unless the call says ``training=`` itself;
+    half-precision outputs (a mixed-precision model's) come back as float32, so losses
+    are computed and reduced in float32."""
+    kwargs.setdefault("training", mode)
+    outputs = model(*args, **kwargs)
     return tf.nest.map_structure(
         lambda t: tf.cast(t, tf.float32) if getattr(t, "dtype", None) in _HALF else t, outputs
     )
@@ -114,19 +119,21 @@ def forward(
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    result = loss_fn(ModelCalls(models, training, random), batch)
+    result = call_user(loss_fn, "loss", beat_name, ModelCalls(models, training, random), batch)
     return regularised_loss(result, beat_name, regularised)
 
 
 def shared_forward(
     forward_fn: Callable,
+    group_name: str,
     models: Mapping[str, keras.Layer],
     training: frozenset[str],
     batch: Mapping[str, tf.Tensor],
     random: tf.random.Generator | None = None,
 ):
     """Run a group's forward function once: the outputs each of its beats' losses take."""
-    return forward_fn(ModelCalls(models, training, random), batch)
+    calls = ModelCalls(models, training, random)
+    return call_user(forward_fn, "forward", f"group {group_name!r}", calls, batch)
 
 
 def loss_of_outputs(
@@ -138,7 +145,8 @@ def loss_of_outputs(
 ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """A grouped beat's loss from its group's forward outputs, regularised like
     :func:`forward`."""
-    return regularised_loss(loss_fn(outputs, batch), beat_name, regularised)
+    result = call_user(loss_fn, "loss", beat_name, outputs, batch)
+    return regularised_loss(result, beat_name, regularised)
 
 
 def regularised_loss(result, beat_name: str, regularised: tuple[keras.Layer, ...]):

@@ -32,12 +32,16 @@ def op_error_summary(error: tf.errors.OpError) -> str:
     return f"{cause} (in op {node.group(1)})" if node else cause
 
 
+def batch_shapes(spec: Mapping) -> str:
+    """``{x: (None, 64) float32, ...}``: the shapes and dtypes of a batch spec."""
+    return "{" + ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items()) + "}"
+
+
 def failure_message(label: str, what: str, spec: Mapping, error: Exception) -> str:
     """``label``'s ``what`` (a loss, its schedule) failed on batches of ``spec``."""
-    shapes = ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items())
     message = str(error).strip().splitlines()
     detail = " ".join(line.strip() for line in message[:6])
     return (
-        f"{label}: running its {what} on batches of {{{shapes}}} failed: "
+        f"{label}: running its {what} on batches of {batch_shapes(spec)} failed: "
         f"{type(error).__name__}: {detail}"
     )

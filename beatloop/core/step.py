@@ -20,6 +20,7 @@ from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import beat_checks, check_finite, no_checks
 from beatloop.core.replicas import on_replicas, replica_view
+from beatloop.core.user_code import call_user
 
 Batch = Mapping[str, tf.Tensor]
 
@@ -68,7 +69,7 @@ class TrainStep:
                     lambda g=group: no_checks(len(g.beats)),
                 )
             checks.append(rows)
-        self.update_metrics(self.metrics.metrics, batch, outputs)
+        call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return tf.concat(checks, axis=0), size
 
     def run_group(self, group: BoundGroup, batch, size, weight, random, step):
@@ -169,5 +170,5 @@ class ValidationStep:
             outputs.update(group_outputs)
             for beat, loss in zip(group.beats, losses, strict=True):
                 self.metrics.update_loss(beat.name, loss, size)
-        self.update_metrics(self.metrics.metrics, batch, outputs)
+        call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return no_checks(0), size

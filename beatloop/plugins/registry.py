@@ -10,6 +10,7 @@ import importlib.metadata
 import inspect
 import os
 import warnings
+from collections.abc import Mapping
 
 import attrs
 import pluggy
@@ -44,50 +45,82 @@ class PluginFailure:
 
 
 def check_recipe_class(cls: object, origin: str) -> None:
-    """Refuse a class that cannot work as a recipe, naming every missing part."""
+    """Refuse a class that cannot work as a recipe, listing every problem at once."""
     if not (inspect.isclass(cls) and issubclass(cls, Recipe)):
         raise RegistrationError(
             f"{origin} registered {cls!r}, which is not a beatloop.Recipe subclass"
         )
     problems = []
     if not isinstance(cls.name, str) or not cls.name.isidentifier():
-        problems.append(f"a `name` that is a Python-style identifier (found {cls.name!r})")
+        problems.append(f"it lacks a `name` that is a Python-style identifier (found {cls.name!r})")
     if not attrs.has(cls.Config):
-        problems.append(f"a `Config` that is an attrs class (found {cls.Config!r})")
+        problems.append(f"it lacks a `Config` that is an attrs class (found {cls.Config!r})")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
-        problems.append(f"the method(s) {', '.join(missing)}")
+        problems.append(f"it lacks the method(s) {', '.join(missing)}")
+    problems += _default_problems(cls, missing)
     if problems:
+        lines = "\n".join(f"  - {problem}" for problem in problems)
         raise RegistrationError(
-            f"recipe class {cls.__module__}.{cls.__qualname__} from {origin} lacks "
-            + "; ".join(problems)
+            f"recipe class {cls.__module__}.{cls.__qualname__} from {origin} has "
+            f"{len(problems)} problem(s):\n{lines}"
         )
-    _check_default_schedule(cls, origin)
 
 
-def _check_default_schedule(cls: type[Recipe], origin: str) -> None:
-    """Build the recipe's default config and schedule (no models, no TensorFlow state)
-    so a schedule that cannot exist fails at registration, not at training time."""
-    where = f"recipe {cls.name!r} from {origin}"
+def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
+    """Build the recipe's default config, schedule, losses and optimizers (no models, no
+    data) so a schedule that cannot work fails at registration, not at training time.
+    Methods in ``missing`` are skipped (a throwaway subclass stands in for them)."""
     try:
-        recipe = cls(cls.Config())
-        schedule = recipe.schedule()
-        losses = recipe.losses()
+        stubs = dict.fromkeys(missing, _not_implemented)
+        stand_in = type(cls.__name__, (cls,), stubs) if missing else cls
+        recipe = stand_in(cls.Config())
     except Exception as error:
-        raise RegistrationError(
-            f"{where}: its default config or schedule cannot be built: "
-            f"{type(error).__name__}: {error}"
-        ) from error
-    if not isinstance(schedule, Schedule):
-        raise RegistrationError(
-            f"{where}: schedule() must return a beatloop.Schedule, got {type(schedule).__name__}"
-        )
-    unknown = [beat.loss for beat in schedule.beats if beat.loss not in losses]
-    if unknown:
-        raise RegistrationError(
-            f"{where}: its schedule uses loss(es) {unknown} that losses() does not define "
-            f"(defined: {', '.join(losses) or 'none'})"
-        )
+        return [f"its default config cannot be built: {_described(error)}"]
+    parts, problems = {}, []
+    for method in ("schedule", "losses", "build_optimizers"):
+        if method in missing:
+            continue
+        try:
+            parts[method] = getattr(recipe, method)()
+        except Exception as error:
+            problems.append(f"{method}() fails on the default config: {_described(error)}")
+    schedule = parts.get("schedule")
+    if "schedule" in parts and not isinstance(schedule, Schedule):
+        problems.append(f"schedule() must return a beatloop.Schedule, got {_type(schedule)}")
+        schedule = None
+    for method, kind in (("losses", "loss"), ("build_optimizers", "optimizer")):
+        defined = parts.get(method)
+        if method in parts and not isinstance(defined, Mapping):
+            problems.append(f"{method}() must return a dict of {kind}s, got {_type(defined)}")
+        elif schedule is not None and defined is not None:
+            problems += _unknown_names(schedule, defined, method, kind)
+    return problems
+
+
+def _unknown_names(schedule: Schedule, defined: Mapping, method: str, kind: str) -> list[str]:
+    """The beats' losses (or optimizers) that ``method`` does not define, as problems."""
+    problems = []
+    for beat in schedule.beats:
+        name = getattr(beat, kind)
+        if name not in defined:
+            problems.append(
+                f"beat {beat.name!r} uses {kind} {name!r}{did_you_mean(name, defined)}, which "
+                f"{method}() does not define (defined: {', '.join(defined) or 'none'})"
+            )
+    return problems
+
+
+def _not_implemented(*args, **kwargs):
+    raise NotImplementedError
+
+
+def _described(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _type(value: object) -> str:
+    return type(value).__name__
 
 
 class Registry:

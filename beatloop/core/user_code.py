@@ -1,0 +1,141 @@
+"""Running a recipe's own code (a loss, a metric update, a forward function) so that a
+mistake in it is reported in it.
+
+:func:`call_user` turns an exception raised inside such a function into a
+:class:`~beatloop.core.errors.UserCodeError` naming the function, the beat and the
+recipe's own line that failed (traced by autograph or not), with the original exception
+as its cause. beatloop's own errors, and TensorFlow's op errors (the data, found while
+a step runs), pass through unchanged; the engine reports the latter as data errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import sysconfig
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+
+import tensorflow as tf
+
+from beatloop.core.errors import BeatloopError, UserCodeError
+from beatloop.core.op_errors import batch_shapes
+
+#: Packages whose frames are never the recipe's own (besides beatloop's machinery and
+#: the standard library).
+LIBRARIES = ("tensorflow", "keras", "tf_keras", "numpy", "absl", "optree", "tree", "ml_dtypes")
+_GENERATED = "__autograph_generated_file"
+
+
+def call_user(fn: Callable, what: str, beat: str | None, *args):
+    """``fn(*args)``; an exception from ``fn`` itself becomes a UserCodeError naming
+    ``what`` it is (``"loss"``, ``"metric update"``, ``"forward"``), its name and ``beat``.
+
+    Autograph converts this function (so ``fn`` is converted too); the handler holds no
+    conditional for it to rewrite: :func:`reported` picks the exception to raise.
+    """
+    try:
+        return fn(*args)
+    except Exception as error:
+        raise reported(error, f"{what} {function_name(fn)!r}", beat)  # noqa: B904
+
+
+def reported(error: Exception, function: str, beat: str | None) -> Exception:
+    """The exception to raise for ``error``: itself when it passes through, else a
+    UserCodeError caused by it."""
+    if passes_through(error):
+        return error
+    return UserCodeError(function, error, beat=beat, at=user_frame(error))
+
+
+def passes_through(error: Exception) -> bool:
+    """beatloop's own errors, and TensorFlow op errors (the data, found when a step
+    runs: the engine reports those as data errors)."""
+    return isinstance(error, BeatloopError | tf.errors.OpError)
+
+
+@contextlib.contextmanager
+def in_recipe(label: str, spec: Mapping[str, tf.TensorSpec] | None = None):
+    """A UserCodeError raised inside names the recipe ``label`` and, when given, the
+    shapes of the batches (``spec``) the recipe's code was called on."""
+    try:
+        yield
+    except UserCodeError as error:
+        raise error.in_recipe(label, spec and batch_shapes(spec)) from error.original
+
+
+def function_name(fn: Callable) -> str:
+    """A user function's own name: a plain or bound function's, a partial's function's,
+    or a callable object's class name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def user_frame(error: BaseException) -> str | None:
+    """``file:line in function: code`` of the innermost frame of the recipe's own code
+    in ``error``'s traceback: not beatloop's machinery (its built-in recipes count as
+    recipe code), TensorFlow, Keras, the standard library or code autograph generated."""
+    for filename, lineno, function, code in _frames(error):
+        if not _in_library(filename) and _GENERATED not in filename:
+            shown = _shown_path(filename)
+            return f"{shown}:{lineno} in {function}" + (f": {code.strip()}" if code else "")
+    return None
+
+
+def _frames(error: BaseException) -> Iterator[tuple[str, int, str, str | None]]:
+    """``(file, line, function, code)`` innermost first. Under autograph the frames of
+    converted functions are generated code; the error then carries autograph's
+    translation of them back to the source, which is used first."""
+    metadata = getattr(error, "ag_error_metadata", None)
+    for frame in getattr(metadata, "translated_stack", ()):
+        yield frame.filename, frame.lineno, frame.function_name, frame.code
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        yield frame.filename, frame.lineno, frame.name, frame.line
+
+
+def _in_library(filename: str) -> bool:
+    """Whether ``filename`` is in beatloop's machinery (not its built-in recipes), one of
+    the :data:`LIBRARIES` or the standard library."""
+    if filename.startswith("<frozen "):
+        return True
+    path = os.path.normcase(os.path.abspath(filename))
+    beatloop, recipes, stdlib, installed = _roots()
+    if path.startswith(recipes):
+        return False
+    if path.startswith((beatloop, *_package_roots())):
+        return True
+    return path.startswith(stdlib) and not path.startswith(installed)
+
+
+def _package_roots() -> tuple[str, ...]:
+    modules = (sys.modules.get(name) for name in LIBRARIES)
+    files = [module.__file__ for module in modules if getattr(module, "__file__", None)]
+    return tuple(_folder(os.path.dirname(file)) for file in files)
+
+
+@functools.cache
+def _roots() -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """beatloop's folder, its recipes' folder, the standard library's folders and the
+    installed packages' folders (which can lie inside the standard library's)."""
+    beatloop = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = sysconfig.get_paths()
+    return (
+        _folder(beatloop),
+        _folder(os.path.join(beatloop, "recipes")),
+        tuple(_folder(paths[key]) for key in ("stdlib", "platstdlib")),
+        tuple(_folder(paths[key]) for key in ("purelib", "platlib")),
+    )
+
+
+def _folder(path: str) -> str:
+    return os.path.normcase(os.path.abspath(path)) + os.sep
+
+
+def _shown_path(filename: str) -> str:
+    """``filename`` relative to the working directory when it lies inside it."""
+    path = os.path.abspath(filename)
+    inside = os.path.normcase(path).startswith(_folder(os.getcwd()))
+    return os.path.relpath(path) if inside else filename
