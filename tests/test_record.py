@@ -68,3 +68,18 @@ def test_records_round_trip_through_json_and_read_the_first_format():
     old = RunRecord.from_json(first_format)
     assert old.recipe == "gan" and old.seed == 7 and len(old.schedule) == 2
     assert old.schedule[0].startswith("1. d_loss: loss=d_loss optimizer=d_optimizer")
+
+
+def test_a_config_field_added_since_counts_as_its_default():
+    """A checkpoint written before the gan had ``update`` resumes when the run asks for
+    the default, and is refused, naming the field, when it asks for another value
+    (tests/test_old_checkpoints.py resumes such a checkpoint end to end)."""
+    stored = record()
+    defaults = {"hidden": 128, "n_critic": 1, "update": "alternating"}
+    same = record(config={"hidden": 8, "n_critic": 2, "update": "alternating"}, defaults=defaults)
+    assert stored.differences(same) == []
+    other = record(config={"hidden": 8, "n_critic": 2, "update": "simultaneous"}, defaults=defaults)
+    assert stored.differences(other) == [
+        "config.update is 'alternating' in the checkpoint but 'simultaneous' now"
+    ]
+    assert "defaults" not in other.to_json()

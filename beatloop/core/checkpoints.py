@@ -33,6 +33,10 @@ _UNREADABLE = (tf.errors.OpError, ValueError, IndexError, KeyError, RuntimeError
 _RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
 
 
+#: The checkpoint key of each beat's last loss value (kept since issue 14).
+LAST_VALUES = "last_values"
+
+
 class RunCheckpoints:
     """Saves and restores one run's state in ``directory`` (``RUN_DIR/checkpoints``)."""
 
@@ -45,6 +49,7 @@ class RunCheckpoints:
         counters: Mapping[str, tf.Variable],
         random: tf.random.Generator,
         metric_variables: Sequence,
+        last_values: Sequence = (),
         max_to_keep: int = 3,
     ):
         self.directory = Path(directory)
@@ -56,16 +61,18 @@ class RunCheckpoints:
             ) from None
         self._host = tf.Variable("", dtype=tf.string, trainable=False, name="host_state")
         self._record = tf.Variable("", dtype=tf.string, trainable=False, name="run_record")
-        self.checkpoint = tf.train.Checkpoint(
-            models=dict(models),
-            model_variables={name: list(model.variables) for name, model in models.items()},
-            optimizers=dict(optimizers),
-            state=dict(counters),
-            random=random,
-            metrics=list(metric_variables),
-            host=self._host,
-            record=self._record,
-        )
+        self._parts = {
+            "models": dict(models),
+            "model_variables": {name: list(model.variables) for name, model in models.items()},
+            "optimizers": dict(optimizers),
+            "state": dict(counters),
+            "random": random,
+            "metrics": list(metric_variables),
+            "host": self._host,
+            "record": self._record,
+            LAST_VALUES: list(last_values),
+        }
+        self.checkpoint = tf.train.Checkpoint(**self._parts)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(self.directory), max_to_keep=max_to_keep, checkpoint_name=PREFIX
         )
@@ -98,7 +105,7 @@ class RunCheckpoints:
                 continue
             record.refuse_if_different(expected, self.directory)
             try:
-                status = self.checkpoint.read(path)
+                status = self._reader(path).read(path)
                 status.assert_existing_objects_matched().expect_partial()
                 host = json.loads(self._host.numpy().decode("utf-8"))
             except (*_UNREADABLE, AssertionError) as error:
@@ -112,6 +119,15 @@ class RunCheckpoints:
                 f"({', '.join(Path(p).name for p in failures)}); they are left as they are"
             )
         return None
+
+    def _reader(self, path: str) -> tf.train.Checkpoint:
+        """The checkpoint object to read ``path`` with: all parts, or all but each beat's
+        last loss value for a checkpoint written before those were kept."""
+        names = {name for name, _ in tf.train.list_variables(path)}
+        if any(name.startswith(f"{LAST_VALUES}/") for name in names):
+            return self.checkpoint
+        parts = {key: part for key, part in self._parts.items() if key != LAST_VALUES}
+        return tf.train.Checkpoint(**parts)
 
     # --- writing -------------------------------------------------------------------------
 

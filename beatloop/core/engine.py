@@ -224,5 +224,6 @@ def _checkpoints(parts, run_dir: Path | None, options: EngineOptions) -> RunChec
         counters=parts.counters.checkpointed(),
         random=parts.bound.random,
         metric_variables=parts.train_metrics.variables(),
+        last_values=parts.train_metrics.last_variables(),
         max_to_keep=options.max_to_keep,
     )

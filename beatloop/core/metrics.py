@@ -81,11 +81,15 @@ class StepMetrics:
         return self._with_last if last else self._named
 
     def variables(self) -> list:
-        """Every metric's state variables, for checkpoints (Keras 3 metrics are not
-        TensorFlow trackables themselves; their variables are). The last values come
-        after the rest, so checkpoints written before they existed still line up."""
-        metrics = (*self.losses.values(), *self.metrics.values(), *self.last.values())
+        """The means' and the recipe's metrics' state variables, for checkpoints (Keras 3
+        metrics are not TensorFlow trackables themselves; their variables are)."""
+        metrics = (*self.losses.values(), *self.metrics.values())
         return [v for metric in metrics for v in metric.variables]
+
+    def last_variables(self) -> list:
+        """The last values' state variables, checkpointed apart (older checkpoints lack
+        them)."""
+        return [v for metric in self.last.values() for v in metric.variables]
 
     def results(self) -> dict[str, float]:
         """Current values as Python floats (reads variables: call between compiled calls)."""

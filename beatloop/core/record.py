@@ -48,6 +48,9 @@ class RunRecord:
     variables: dict = attrs.field(converter=_json)
     data: dict = attrs.field(converter=_json)
     precision: str = "float32"
+    #: The config's defaults: a field the stored record lacks (added to the recipe since)
+    #: counts as its default. Not written out, not compared.
+    defaults: dict = attrs.field(factory=dict, converter=_json, eq=False)
 
     @classmethod
     def of(cls, recipe, bound, batch_spec: Mapping, seed: int, precision: str) -> RunRecord:
@@ -63,6 +66,7 @@ class RunRecord:
             },
             data={key: str(spec) for key, spec in batch_spec.items()},
             precision=precision,
+            defaults=_defaults(recipe.config),
         )
 
     @classmethod
@@ -72,7 +76,8 @@ class RunRecord:
         return cls(**{key: value for key, value in stored.items() if key in fields})
 
     def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "schedule": list(self.schedule)}
+        stored = attrs.asdict(self, filter=lambda field, _: field.name != "defaults")
+        return {**stored, "schedule": list(self.schedule)}
 
     def differences(self, current: RunRecord) -> list[str]:
         """What differs between this (stored) record and the run about to resume, briefly:
@@ -80,12 +85,13 @@ class RunRecord:
         repeated as the different schedule and shapes it makes."""
         if self.recipe != current.recipe:
             return [f"this run dir holds a {self.recipe!r} run; you asked for {current.recipe!r}"]
-        found = _mapping_differences("config", self.config, current.config)
+        stored_config = {**current.defaults, **self.config}
+        found = _mapping_differences("config", stored_config, current.config)
         for name in ("seed", "precision"):
             old, new = getattr(self, name), getattr(current, name)
             if old != new:
                 found.append(f"{name} is {old!r} in the checkpoint but {new!r} now")
-        if self.config != current.config:
+        if stored_config != current.config:
             return found
         if self.schedule != current.schedule:
             new = [line for line in current.schedule if line not in self.schedule]
@@ -108,6 +114,17 @@ class RunRecord:
                 f"restored: {'; '.join(found)}. Use a new run dir, or the same config and "
                 "seed to resume"
             )
+
+
+def _defaults(config) -> dict[str, Any]:
+    """Each field of an attrs config that has a default, with it."""
+    defaults = {}
+    for field in attrs.fields(type(config)):
+        if isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            defaults[field.name] = field.default.factory()
+        elif field.default is not attrs.NOTHING:
+            defaults[field.name] = field.default
+    return defaults
 
 
 def _mapping_differences(name: str, old: Mapping, new: Mapping) -> list[str]:

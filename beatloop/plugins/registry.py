@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import attrs
 import pluggy
 
-from beatloop.core.beats import Schedule
+from beatloop.core.beats import Group, Schedule
 from beatloop.core.callbacks import Callback
 from beatloop.core.errors import RecipeNotFoundError, RegistrationError, did_you_mean
 from beatloop.core.recipe import Recipe
@@ -78,7 +78,7 @@ def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
     except Exception as error:
         return [f"its default config cannot be built: {_described(error)}"]
     parts, problems = {}, []
-    for method in ("schedule", "losses", "build_optimizers"):
+    for method in ("schedule", "losses", "build_optimizers", "forwards"):
         if method in missing:
             continue
         try:
@@ -89,7 +89,11 @@ def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
     if "schedule" in parts and not isinstance(schedule, Schedule):
         problems.append(f"schedule() must return a beatloop.Schedule, got {_type(schedule)}")
         schedule = None
-    for method, kind in (("losses", "loss"), ("build_optimizers", "optimizer")):
+    for method, kind in (
+        ("losses", "loss"),
+        ("build_optimizers", "optimizer"),
+        ("forwards", "forward"),
+    ):
         defined = parts.get(method)
         if method in parts and not isinstance(defined, Mapping):
             problems.append(f"{method}() must return a dict of {kind}s, got {_type(defined)}")
@@ -99,16 +103,23 @@ def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
 
 
 def _unknown_names(schedule: Schedule, defined: Mapping, method: str, kind: str) -> list[str]:
-    """The beats' losses (or optimizers) that ``method`` does not define, as problems."""
+    """The beats' losses (or optimizers, or the groups' forwards) that ``method`` does not
+    define, as problems."""
     problems = []
-    for beat in schedule.beats:
-        name = getattr(beat, kind)
+    users = schedule.all_beats if kind != "forward" else _groups(schedule)
+    for user in users:
+        name = getattr(user, kind)
         if name not in defined:
             problems.append(
-                f"beat {beat.name!r} uses {kind} {name!r}{did_you_mean(name, defined)}, which "
-                f"{method}() does not define (defined: {', '.join(defined) or 'none'})"
+                f"{type(user).__name__.lower()} {user.name!r} uses {kind} {name!r}"
+                f"{did_you_mean(name, defined)}, which {method}() does not define "
+                f"(defined: {', '.join(defined) or 'none'})"
             )
     return problems
+
+
+def _groups(schedule: Schedule) -> list[Group]:
+    return [entry for entry in schedule.beats if isinstance(entry, Group)]
 
 
 def _not_implemented(*args, **kwargs):
