@@ -185,6 +185,107 @@ def test_a_group_runs_the_models_its_beats_update_in_training_mode_by_default():
     assert bind_group(explicit, {"shared": shared}, frozen="b").groups[0].training == {"a", "b"}
 
 
+class Pair(beatloop.Recipe):
+    """Models ``a`` and ``b`` fitted to ``y`` by one group (forward ``shared``): a
+    test recipe whose schedule is handed in."""
+
+    name = "pair_test"
+
+    def __init__(self, schedule, losses=None, learning_rate=0.05):
+        super().__init__()
+        self._schedule, self._losses = schedule, losses
+        self.learning_rate = learning_rate
+
+    def build_optimizers(self):
+        return {name: keras.optimizers.SGD(self.learning_rate) for name in OPTIMIZERS}
+
+    def losses(self):
+        return self._losses or {"fit_a": mse_of("a"), "fit_b": mse_of("b")}
+
+    def forwards(self):
+        return {"shared": shared}
+
+    def schedule(self):
+        return self._schedule
+
+    def build_models(self, spec):
+        return two_dense()
+
+
+def pair_data(rows=8, batch=4, y=2.0):
+    x = np.linspace(-1, 1, rows * 4, dtype=np.float32).reshape(rows, 4)
+    targets = np.full((rows, 1), y, np.float32)
+    return tf.data.Dataset.from_tensor_slices({"x": x, "y": targets}).batch(batch)
+
+
+def both(**group):
+    return Group(
+        forward="shared",
+        beats=(Beat("fit_a", "opt_a", "a"), Beat("fit_b", "opt_b", "b")),
+        **group,
+    )
+
+
+def test_a_groups_every_and_repeat_count_whole_group_updates():
+    data = pair_data(rows=16)  # four steps
+    every = beatloop.fit(Pair(Schedule(both(every=2))), data=data, epochs=1, seed=0)
+    repeat = beatloop.fit(Pair(Schedule(both(repeat=3))), data=data, epochs=1, seed=0)
+    for result, applied in ((every, 2), (repeat, 12)):
+        iterations = [int(result.optimizers[name].iterations) for name in OPTIMIZERS]
+        assert iterations == [applied, applied]
+
+
+def test_a_groups_beats_keep_their_transforms_and_constraints():
+    beats = (
+        Beat("fit_a", "opt_a", "a", transform=beatloop.ClipByValue(1e-3)),
+        Beat("fit_b", "opt_b", "b", constraint=beatloop.ClipValues(-0.01, 0.01)),
+    )
+    data = pair_data(rows=4)  # one step
+    result = beatloop.fit(Pair(Schedule(Group(forward="shared", beats=beats))), data=data)
+    start = two_dense()
+    moved = np.abs(result.models["a"].get_weights()[0] - start["a"].get_weights()[0])
+    np.testing.assert_allclose(moved, 0.05 * 1e-3, rtol=1e-3)  # every gradient clipped
+    assert np.abs(result.models["b"].get_weights()[0]).max() <= 0.01 + 1e-7
+
+
+def test_the_nan_guard_names_the_group_beat_that_failed():
+    def exploding(outputs, batch):
+        return tf.reduce_mean(outputs["b"]) / 0.0 * 0.0  # nan
+
+    recipe = Pair(Schedule(both()), losses={"fit_a": mse_of("a"), "fit_b": exploding})
+    with pytest.raises(beatloop.NumericsError, match="beat 'fit_b' produced a non-finite loss"):
+        beatloop.fit(recipe, data=pair_data(), epochs=1, seed=0)
+    with pytest.raises(beatloop.NumericsError, match="beat 'fit_b' produced a non-finite loss"):
+        beatloop.fit(recipe, data=pair_data(), epochs=1, seed=0, debug=True)
+
+
+def test_a_group_in_debug_mode_and_under_mixed_precision():
+    data = gan_data(32, 16)
+    config = {**GAN, "update": "simultaneous"}
+    recipe = beatloop.make_recipe("gan", config)
+    compiled_models, eager_models = twin_models(recipe, data)
+    beatloop.fit(recipe, data=data, models=compiled_models, seed=2, progress=False)
+    beatloop.fit(recipe, data=data, models=eager_models, seed=2, debug=True, progress=False)
+    # Eager kernels and compiled graphs may round differently; the algorithm is the same.
+    for name, values in all_weights(compiled_models).items():
+        np.testing.assert_allclose(all_weights(eager_models)[name], values, rtol=1e-4, atol=1e-5)
+    mixed = beatloop.fit("gan", config=config, data=data, seed=2, precision="mixed_float16")
+    assert all(
+        isinstance(o, keras.optimizers.LossScaleOptimizer) for o in mixed.optimizers.values()
+    )
+    assert np.isfinite(mixed.history["g_loss"][0]) and np.isfinite(mixed.history["d_loss"][0])
+
+
+def test_show_prints_a_group_as_one_line(capsys):
+    from beatloop.cli import main
+
+    assert main(["show", "gan", "--set", "update=simultaneous"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if "simultaneous" in line and "[" in line]
+    assert line.strip().startswith("1. gan_forward: simultaneous forward=gan_forward")
+    assert "[g_loss: loss=g_loss" in line and "[d_loss: loss=d_loss" in line
+
+
 def test_group_gradients_come_from_the_state_before_any_update():
     """Two beats both updating ``a`` (declared shared) in one group: each gradient is
     taken before either update, so the result is the sum of both from the same weights
