@@ -11,10 +11,11 @@ from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+PLUGINS = README.parent / "docs" / "plugins.md"
 
 
-def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def python_blocks(document: Path = README):
+    return re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.S)
 
 
 def test_write_your_own_recipe_block_runs(monkeypatch, capsys):
@@ -70,3 +71,19 @@ def test_models_the_user_supplies_block_runs(monkeypatch, capsys):
     )
     with pytest.raises(beatloop.ConfigError, match=r"'distill' has no built-in data .* pass data="):
         beatloop.fit("distill", models={"student": namespace["student"]})
+
+
+def test_the_plugin_guides_group_block_runs(capsys):
+    """One encoder pass feeds two beats: the classifier learns from the code while only
+    the reconstruction beat moves the encoder."""
+    (block,) = [b for b in python_blocks(PLUGINS) if "class CodeAndClass" in b]
+    namespace = {}
+    exec(compile(block, str(PLUGINS), "exec"), namespace)
+    history = namespace["result"].history
+    assert history["val_reconstruction"][1] < history["val_reconstruction"][0]
+    assert history["val_cross_entropy"][1] < history["val_cross_entropy"][0]
+    (group,) = namespace["result"].bound.groups
+    updates = {beat.name: beat.updated_models for beat in group.beats}
+    assert updates == {"reconstruction": ("encoder", "decoder"), "cross_entropy": ("classifier",)}
+    printed = f"{history['val_reconstruction']} {history['val_cross_entropy']}\n"
+    assert capsys.readouterr().out == printed
