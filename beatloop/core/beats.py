@@ -174,19 +174,25 @@ class Beat:
             f"{self.name}: loss={self.loss} optimizer={self.optimizer}",
             f"updates={','.join(self.updates)}",
         ]
-        if self.repeat != 1:
-            parts.append(f"repeat={self.repeat}")
-        if self.every != 1:
-            parts.append(f"every={self.every}")
+        parts += _rhythm(self.repeat, self.every)
         if self.transform is not None:
             parts.append(f"transform=({self.transform.describe()})")
-        if self.training is not None:
-            parts.append(f"training={','.join(self.training) or '(none)'}")
+        parts += _modes(self.training)
         if self.constraint is not None:
             parts.append(f"constraint=({self.constraint.describe()})")
         if self.log != "mean":
             parts.append(f"log={self.log}")
         return " ".join(parts)
+
+
+def _rhythm(repeat: int, every: int) -> list[str]:
+    """How often a beat or group runs, in ``describe()``'s words (nothing if once a step)."""
+    return [f"{n}={v}" for n, v in (("repeat", repeat), ("every", every)) if v != 1]
+
+
+def _modes(training: tuple[str, ...] | None) -> list[str]:
+    """The models a beat or group runs in training mode, if it names them."""
+    return [] if training is None else [f"training={','.join(training) or '(none)'}"]
 
 
 def _grouped_beats(instance, attribute, value) -> None:
@@ -233,12 +239,7 @@ class Group:
     def describe(self) -> str:
         """One line: the group, its forward, then each beat in brackets."""
         parts = [f"{self.name}: simultaneous forward={self.forward}"]
-        if self.repeat != 1:
-            parts.append(f"repeat={self.repeat}")
-        if self.every != 1:
-            parts.append(f"every={self.every}")
-        if self.training is not None:
-            parts.append(f"training={','.join(self.training) or '(none)'}")
+        parts += [*_rhythm(self.repeat, self.every), *_modes(self.training)]
         parts.extend(f"[{beat.describe()}]" for beat in self.beats)
         return " ".join(parts)
 

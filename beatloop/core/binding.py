@@ -119,44 +119,40 @@ def _selected(beat: Beat, models, problems: list[str]) -> list[keras.Variable]:
 def _name_problems(beat: Beat, models, optimizers, losses) -> list[str]:
     """A beat's loss, optimizer and training-mode models that do not exist."""
     where = f"beat {beat.name!r}"
-    problems = []
-    if beat.loss not in losses:
-        problems.append(
-            f"{where} uses loss {beat.loss!r}{did_you_mean(beat.loss, losses)}, which the "
-            f"recipe does not define; losses: {', '.join(losses) or '(none)'}"
-        )
-    if beat.optimizer not in optimizers:
-        problems.append(
-            f"{where} uses optimizer {beat.optimizer!r}"
-            f"{did_you_mean(beat.optimizer, optimizers)}, which the recipe does not "
-            f"define; optimizers: {', '.join(optimizers) or '(none)'}"
-        )
-    for name in beat.training or ():
-        if name not in models:
-            problems.append(
-                f"{where} runs {name!r} in training mode, but there is no such model; "
-                f"models: {', '.join(models)}"
-            )
-    return problems
+    return [
+        *_unknown(where, "loss", beat.loss, losses, "the recipe does not define"),
+        *_unknown(where, "optimizer", beat.optimizer, optimizers, "the recipe does not define"),
+        *_unknown_modes(where, beat.training, models),
+    ]
 
 
 def _group_problems(group: Group, models, forwards) -> list[str]:
     """A group's forward and training-mode models that do not exist."""
     where = f"group {group.name!r}"
-    problems = []
-    if group.forward not in forwards:
-        problems.append(
-            f"{where} uses forward {group.forward!r}{did_you_mean(group.forward, forwards)}, "
-            f"which the recipe's forwards() does not define; forwards: "
-            f"{', '.join(forwards) or '(none)'}"
-        )
-    for name in group.training or ():
-        if name not in models:
-            problems.append(
-                f"{where} runs {name!r} in training mode, but there is no such model; "
-                f"models: {', '.join(models)}"
-            )
-    return problems
+    return [
+        *_unknown(where, "forward", group.forward, forwards, "the recipe's forwards() lacks"),
+        *_unknown_modes(where, group.training, models),
+    ]
+
+
+def _unknown(where: str, kind: str, name: str, defined, source: str) -> list[str]:
+    """``where`` uses ``kind`` ``name``, which is not among ``defined``: one problem."""
+    if name in defined:
+        return []
+    return [
+        f"{where} uses {kind} {name!r}{did_you_mean(name, defined)}, which {source}; "
+        f"{'losses' if kind == 'loss' else kind + 's'}: {', '.join(defined) or '(none)'}"
+    ]
+
+
+def _unknown_modes(where: str, training, models) -> list[str]:
+    """The models named in a ``training`` tuple that do not exist."""
+    return [
+        f"{where} runs {name!r} in training mode, but there is no such model; "
+        f"models: {', '.join(models)}"
+        for name in training or ()
+        if name not in models
+    ]
 
 
 def _ownership_problems(
