@@ -27,6 +27,7 @@ LATENT = 8
 GAN = {"architecture": "conv", "hidden": 16, "latent_dim": LATENT, "batch_size": 16}
 
 
+@pytest.mark.slow
 def test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_hand_written_step(
     tmp_path,
 ):
