@@ -112,3 +112,22 @@ def test_a_group_beat_logs_its_last_value_when_asked():
     assert result.history["g_loss"][0] == pytest.approx(last["last_g_loss"], rel=1e-6)
     assert result.history["d_loss"][0] == pytest.approx(last["d_loss"], rel=1e-6)
     assert result.history["d_loss"][0] != pytest.approx(last["last_d_loss"], rel=1e-3)
+
+
+def test_a_beat_that_skips_steps_keeps_its_last_value_across_epochs(small_digits):
+    """``every=2`` on three steps an epoch: the second epoch's first step (number 3)
+    skips the beat, whose last value is still step 2's, not a reset zero."""
+    train, _ = small_digits
+    data = tf.data.Dataset.from_tensor_slices(
+        {"x": train["x"][:12], "y": train["y"][:12].astype(np.float32)}
+    ).batch(4)
+    schedule = beatloop.Schedule((TwoModels.beat("a"), TwoModels.beat("b", every=2)))
+    steps = StepLogs()
+    beatloop.fit(
+        TwoModels(schedule, learning_rate=RATE), data=data, epochs=2, seed=0,
+        callbacks=[steps], progress=False,
+    )  # fmt: skip
+    values = [call["last_fit_b"] for call in steps.logs]
+    assert values[0] > 0 and values[1] == values[0] and values[2] != values[1]
+    assert values[3] == values[2]  # step 3: skipped, kept across the epoch's end
+    assert values[4] != values[3]

@@ -297,9 +297,9 @@ class Schedule:
         return tuple(dict.fromkeys(b.loss for b in self.all_beats))
 
     @property
-    def forward_names(self) -> tuple[str, ...]:
-        """Distinct forward names of the schedule's groups, in order."""
-        return tuple(dict.fromkeys(e.forward for e in self.beats if isinstance(e, Group)))
+    def groups(self) -> tuple[Group, ...]:
+        """The schedule's groups, in step order."""
+        return tuple(entry for entry in self.beats if isinstance(entry, Group))
 
     def describe(self) -> str:
         """Multi-line text: one line per beat or group, then frozen and shared selectors."""

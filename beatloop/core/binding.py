@@ -89,7 +89,7 @@ def bind(
         for beat in schedule.all_beats
         for problem in _name_problems(beat, models, optimizers, losses)
     ]
-    problems += [p for g in _groups(schedule) for p in _group_problems(g, models, forwards)]
+    problems += [p for g in schedule.groups for p in _group_problems(g, models, forwards)]
     resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.all_beats}
     problems += _ownership_problems(schedule, models, resolved, problems, supplied)
     groups: list[BoundGroup] = []
@@ -102,10 +102,6 @@ def bind(
         raise ScheduleError(problems, context)
     beats = tuple(beat for group in groups for beat in group.beats)
     return BoundSchedule(schedule, beats, tuple(groups), dict(models), dict(optimizers), random)
-
-
-def _groups(schedule: Schedule) -> list[Group]:
-    return [entry for entry in schedule.beats if isinstance(entry, Group)]
 
 
 def _selected(beat: Beat, models, problems: list[str]) -> list[keras.Variable]:

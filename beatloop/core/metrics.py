@@ -72,7 +72,9 @@ class StepMetrics:
             self.last[beat_name].update_state(loss, sample_weight=size)
 
     def reset(self) -> None:
-        for metric in (*self.losses.values(), *self.last.values(), *self.metrics.values()):
+        """Start the means and the recipe's metrics again (each epoch); the last values
+        stay, so a beat with ``every=n`` shows the last step it ran."""
+        for metric in (*self.losses.values(), *self.metrics.values()):
             metric.reset_state()
 
     def named(self, last: bool = False) -> dict[str, keras.metrics.Metric]:

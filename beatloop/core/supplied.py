@@ -52,7 +52,7 @@ def model_names(schedule: Schedule, supplied: Mapping[str, SuppliedModel]) -> tu
     selectors = [s for beat in schedule.all_beats for s in beat.updates]
     selectors += [*schedule.frozen, *schedule.shared]
     names = [s.partition(":")[0] for s in selectors]
-    modes = [*schedule.all_beats, *(e for e in schedule.beats if e not in schedule.all_beats)]
+    modes = [*schedule.all_beats, *schedule.groups]
     names += [name for entry in modes for name in entry.training or ()]
     return tuple(dict.fromkeys([*names, *supplied]))
 

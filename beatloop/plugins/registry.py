@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import attrs
 import pluggy
 
-from beatloop.core.beats import Group, Schedule
+from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback
 from beatloop.core.errors import RecipeNotFoundError, RegistrationError, did_you_mean
 from beatloop.core.recipe import Recipe
@@ -106,7 +106,7 @@ def _unknown_names(schedule: Schedule, defined: Mapping, method: str, kind: str)
     """The beats' losses (or optimizers, or the groups' forwards) that ``method`` does not
     define, as problems."""
     problems = []
-    users = schedule.all_beats if kind != "forward" else _groups(schedule)
+    users = schedule.all_beats if kind != "forward" else schedule.groups
     for user in users:
         name = getattr(user, kind)
         if name not in defined:
@@ -116,10 +116,6 @@ def _unknown_names(schedule: Schedule, defined: Mapping, method: str, kind: str)
                 f"(defined: {', '.join(defined) or 'none'})"
             )
     return problems
-
-
-def _groups(schedule: Schedule) -> list[Group]:
-    return [entry for entry in schedule.beats if isinstance(entry, Group)]
 
 
 def _not_implemented(*args, **kwargs):
