@@ -61,6 +61,9 @@ _EXPORTS = {
     "RegistrationError": "beatloop.core.errors",
     "CallbackError": "beatloop.core.errors",
     "NumericsError": "beatloop.core.errors",
+    "RunDirError": "beatloop.core.errors",
+    "CheckpointError": "beatloop.core.errors",
+    "RunInterrupted": "beatloop.core.errors",
     "UserCodeError": "beatloop.core.errors",
     "ResumeWarning": "beatloop.core.errors",
 }
@@ -100,12 +103,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.errors import (
         BeatloopError,
         CallbackError,
+        CheckpointError,
         ConfigError,
         DataError,
         NumericsError,
         RecipeNotFoundError,
         RegistrationError,
         ResumeWarning,
+        RunDirError,
+        RunInterrupted,
         ScheduleError,
         UserCodeError,
     )

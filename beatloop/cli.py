@@ -1,6 +1,8 @@
 """The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``.
 
-TensorFlow is imported only after the log level is set, so start-up noise stays quiet.
+TensorFlow is imported only after the log level is set, with its start-up lines filtered
+out (``--verbose`` shows them). Every failure ends in one ``beatloop: error: ...`` line
+and a documented exit code (:data:`~beatloop.core.errors.EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -9,29 +11,64 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+
+from beatloop.core.errors import EXIT_CODES
+
+REPORT = "https://github.com/beatloop/beatloop/issues"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Help that shows every option's default and keeps the exit code table's lines."""
+
+
+def _exit_codes() -> str:
+    lines = [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
+    return "exit codes:\n" + "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="beatloop", description="Run TensorFlow training recipes by name."
+        prog="beatloop",
+        description="Run TensorFlow training recipes by name.",
+        epilog=_exit_codes(),
+        formatter_class=_HelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    listing = commands.add_parser("list", help="registered recipes and where they come from")
-    listing.add_argument(
-        "--verbose", "-v", action="store_true", help="modules, plugins, failed plugins"
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also TensorFlow's own log lines, and the traceback of an error",
     )
 
-    show = commands.add_parser("show", help="a recipe's config fields and beat schedule")
-    show.add_argument("recipe")
-    show.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, parents=[common], formatter_class=_HelpFormatter, epilog=_exit_codes(), **kwargs
+        )
 
-    run = commands.add_parser("run", help="train a recipe")
-    run.add_argument("recipe")
-    run.add_argument("--epochs", type=int, default=1)
-    run.add_argument("--seed", type=int, default=None, help="seed Python, NumPy and TensorFlow")
+    command(
+        "list", help="registered recipes and where they come from (-v: modules, plugins, failures)"
+    )
+
+    show = command("show", help="a recipe's config fields and beat schedule")
+    show.add_argument("recipe", help="a registered recipe name (see `beatloop list`)")
+    show.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field"
+    )
+
+    run = command("run", help="train a recipe")
+    run.add_argument("recipe", help="a registered recipe name (see `beatloop list`)")
+    run.add_argument("--epochs", type=int, default=1, help="epochs in all (a resume included)")
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed Python, NumPy and TensorFlow (none: a random seed, or the checkpoint's)",
+    )
     run.add_argument(
         "--set",
         action="append",
@@ -43,24 +80,36 @@ def _parser() -> argparse.ArgumentParser:
         "--run-dir",
         type=Path,
         default=None,
-        help="where logs and checkpoints go (default runs/RECIPE-TIME); a run dir that "
+        help="where logs and checkpoints go (none: runs/RECIPE-TIME); a run dir that "
         "holds checkpoints is resumed",
     )
     run.add_argument(
-        "--checkpoint-every", type=int, default=None, metavar="N", help="also every N steps"
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also checkpoint every N steps (none: at each epoch's end only)",
     )
     run.add_argument("--max-to-keep", type=int, default=3, metavar="N", help="checkpoints kept")
     run.add_argument(
         "--on-nan",
         choices=("raise", "rollback"),
         default="raise",
-        help="on a non-finite loss or gradient: stop, or restore the last checkpoint and "
-        "skip the batch",
+        help="on a non-finite (or diverging) loss or gradient: stop, or restore the last "
+        "checkpoint and skip the batch",
     )
-    run.add_argument("--max-rollbacks", type=int, default=3, metavar="N")
-    run.add_argument("--steps-per-execution", type=int, default=1, metavar="K")
     run.add_argument(
-        "--callback", action="append", default=[], metavar="NAME", help="a registered callback"
+        "--max-rollbacks", type=int, default=3, metavar="N", help="rollbacks before stopping"
+    )
+    run.add_argument(
+        "--steps-per-execution", type=int, default=1, metavar="K", help="steps per compiled call"
+    )
+    run.add_argument(
+        "--callback",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a registered callback (repeatable)",
     )
     run.add_argument(
         "--model",
@@ -73,7 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
     run.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA")
     run.add_argument(
-        "--precision", choices=("float32", "mixed_float16", "mixed_bfloat16"), default="float32"
+        "--precision",
+        choices=("float32", "mixed_float16", "mixed_bfloat16"),
+        default="float32",
+        help="the models' compute precision",
     )
     run.add_argument(
         "--strategy",
@@ -83,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
 
-    compare = commands.add_parser(
+    compare = command(
         "compare",
         help="recipes (or configs of one) side by side: speed, memory, losses, quality",
         description="Run each recipe on its default data for the same number of epochs, "
@@ -97,40 +149,72 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME [--set FIELD=VALUE]...",
         help="recipes; each --set applies to the name before it",
     )
-    compare.add_argument("--epochs", type=int, default=2)
-    compare.add_argument("--out", type=Path, default=None, help="default runs/compare-TIME")
-    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--epochs", type=int, default=2, help="epochs per run")
+    compare.add_argument(
+        "--out", type=Path, default=None, help="where the table goes (none: runs/compare-TIME)"
+    )
+    compare.add_argument("--seed", type=int, default=0, help="the seed of every run")
     compare.add_argument("--repeats", type=int, default=1, help="runs per entry (medians)")
-    compare.add_argument("--steps-per-execution", type=int, default=1, metavar="K")
+    compare.add_argument(
+        "--steps-per-execution", type=int, default=1, metavar="K", help="steps per compiled call"
+    )
 
-    export = commands.add_parser(
+    export = command(
         "export", help="write a run's inference models (from its latest checkpoint) as SavedModels"
     )
-    export.add_argument("run_dir", type=Path)
-    export.add_argument("out", type=Path)
+    export.add_argument("run_dir", type=Path, help="the run dir to export")
+    export.add_argument("out", type=Path, help="the folder the SavedModels go to")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """Run one ``beatloop`` command and return its exit code (see ``EXIT_CODES``)."""
     args = _parser().parse_args(argv)
-    from beatloop.core.errors import BeatloopError, RunInterrupted
+    from beatloop.terminal import import_tensorflow_quietly, one_line_warnings, quiet_environment
 
+    if not args.verbose:
+        quiet_environment()
+        import_tensorflow_quietly()
+        one_line_warnings()
     commands = {"list": _list, "show": _show, "run": _run, "export": _export, "compare": _compare}
     try:
         return commands[args.command](args)
-    except BeatloopError as error:
-        print(f"beatloop: error: {error}", file=sys.stderr)
-        return 2
-    except RunInterrupted as interrupted:
-        print(f"beatloop: {interrupted}", file=sys.stderr)
-        if interrupted.checkpoint:
+    except BaseException as error:  # every way out gets its line and its exit code
+        return _failure(error, args.verbose)
+
+
+def _failure(error: BaseException, verbose: bool) -> int:
+    """Report what ended the command on standard error; return its exit code."""
+    from beatloop.core.errors import BeatloopError, RunInterrupted
+
+    if isinstance(error, SystemExit):
+        raise error
+    if verbose:
+        traceback.print_exception(error, file=sys.stderr)
+    if isinstance(error, RunInterrupted):
+        print(f"beatloop: {error}", file=sys.stderr)
+        if error.checkpoint:
             print(
                 "beatloop: resume with the same command and --run-dir "
-                f"{Path(interrupted.checkpoint).parent.parent}",
+                f"{Path(error.checkpoint).parent.parent}",
                 file=sys.stderr,
             )
         return 130
+    if isinstance(error, KeyboardInterrupt):
+        print("beatloop: interrupted", file=sys.stderr)
+        return 130
+    if isinstance(error, BeatloopError):
+        print(f"beatloop: error: {error}", file=sys.stderr)
+        return error.exit_code
+    if not verbose:
+        traceback.print_exception(error, file=sys.stderr)
+    print(
+        f"beatloop: internal error: {type(error).__name__}: {error}\n"
+        "beatloop: this is a bug in beatloop (or a library it uses), not in your input; "
+        f"please report it with the command and the traceback above: {REPORT}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _list(args) -> int:
@@ -228,6 +312,8 @@ def _run(args) -> int:
     cls = get_recipe(args.recipe)
     overrides = parse_settings(args.set, cls.Config, f"recipe {cls.name!r}")
     callbacks = [registry().callback(name).cls() for name in args.callback]
+    callbacks.append(_resume_notice())
+    strategy = _strategy(args.strategy)
     models = _model_paths(args.model)
     run_dir = args.run_dir or Path("runs") / f"{cls.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = fit(
@@ -247,10 +333,8 @@ def _run(args) -> int:
         max_rollbacks=args.max_rollbacks,
         jit_compile=args.jit_compile,
         precision=args.precision,
-        strategy=_strategy(args.strategy),
+        strategy=strategy,
     )
-    if result.resumed_from:
-        print(f"resumed from {result.resumed_from}")
     final = {name: values[-1] for name, values in result.history.items()}
     print(
         f"{cls.name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
@@ -283,15 +367,62 @@ def _model_paths(values: Sequence[str]) -> dict[str, str]:
     return paths
 
 
+def _resume_notice():
+    """A callback that says, before training, which checkpoint a run resumes from."""
+    from beatloop.core.callbacks import Callback
+
+    class ResumeNotice(Callback):
+        def on_fit_start(self, run) -> None:
+            if run.resumed_from:
+                print(
+                    f"resumed from {Path(run.resumed_from).name} (epoch {run.epoch}, "
+                    f"step {run.step}): {run.resumed_from}",
+                    flush=True,
+                )
+
+    return ResumeNotice()
+
+
 def _strategy(name: str):
-    """The tf.distribute strategy named on the command line (``None`` for one device)."""
+    """The tf.distribute strategy named on the command line (``None`` for one device);
+    ``multi_worker`` needs a cluster in ``TF_CONFIG``."""
     if name == "none":
         return None
     import tensorflow as tf
 
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
+    _check_tf_config(os.environ.get("TF_CONFIG"))
     return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _check_tf_config(text: str | None) -> None:
+    """Refuse ``--strategy multi_worker`` without a usable ``TF_CONFIG``: it would train
+    one worker alone, silently."""
+    import json
+
+    from beatloop.core.errors import ConfigError
+
+    example = (
+        'e.g. TF_CONFIG=\'{"cluster": {"worker": ["hostA:12345", "hostB:12345"]}, '
+        '"task": {"type": "worker", "index": 0}}\''
+    )
+    if not text:
+        raise ConfigError(
+            "--strategy multi_worker needs the environment variable TF_CONFIG naming the "
+            f"cluster's workers and this one's index ({example}); it is not set"
+        )
+    try:
+        config = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(f"TF_CONFIG is not valid JSON ({error}); {example}") from None
+    workers = config.get("cluster", {}).get("worker") if isinstance(config, dict) else None
+    task = config.get("task", {}) if isinstance(config, dict) else {}
+    if not workers or "index" not in task:
+        raise ConfigError(
+            "TF_CONFIG must name the cluster's workers (cluster.worker) and this worker's "
+            f"task.index; found {text!r}; {example}"
+        )
 
 
 def _compare(args) -> int:

@@ -24,6 +24,7 @@ from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe
 from beatloop.core.record import write_run_json
 from beatloop.core.result import FitResult
+from beatloop.core.run_dir import check_run_dir, create_run_dir
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 
@@ -96,9 +97,11 @@ def fit(
         checkpoint_every=checkpoint_every, max_to_keep=max_to_keep, on_nan=on_nan,
         max_rollbacks=max_rollbacks, jit_compile=jit_compile, precision=precision,
     )  # fmt: skip
+    run_path = None if run_dir is None else Path(run_dir)
+    if run_path is not None:
+        check_run_dir(run_path)  # before anything is built or written
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
-    run_path = None if run_dir is None else Path(run_dir)
     seed = _seed_everything(seed, run_path)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
     history = History()
@@ -109,6 +112,7 @@ def fit(
     )  # fmt: skip
     if run_path is not None:
         engine.resume()
+        create_run_dir(run_path)  # the run starts: only now is anything written
         _write_run_json(run_path, engine, epochs)
     engine.fit(epochs)
     return _result(engine, history)
@@ -186,10 +190,8 @@ def _run_callbacks(callbacks: Sequence[Callback], run_dir: Path | None, progress
     wants_progress = progress or (progress is None and sys.stdout.isatty())
     if wants_progress and not any(issubclass(t, ProgressBar) for t in given):
         added.append(ProgressBar())
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not any(issubclass(t, JsonLinesLogger) for t in given):
-            added.append(JsonLinesLogger(run_dir / "history.jsonl"))
+    if run_dir is not None and not any(issubclass(t, JsonLinesLogger) for t in given):
+        added.append(JsonLinesLogger(run_dir / "history.jsonl"))
     return [*added, *callbacks]
 
 

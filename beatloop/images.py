@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from beatloop.core.run_dir import writing
+
 
 def to_uint8(images: np.ndarray, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
     """Map pixel values from ``value_range`` to 0..255, clipping what lies outside."""
@@ -42,13 +44,17 @@ def save_png(image: np.ndarray, path: str | Path, scale: int = 1) -> Path:
     from PIL import Image
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     picture = Image.fromarray(np.asarray(image, dtype=np.uint8))
     if scale != 1:
         picture = picture.resize(
             (picture.width * scale, picture.height * scale), Image.Resampling.NEAREST
         )
     partial = path.with_name(f".{path.name}.partial")
-    picture.save(partial, format="PNG")
-    os.replace(partial, path)
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            picture.save(partial, format="PNG")
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
     return path

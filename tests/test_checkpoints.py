@@ -185,11 +185,11 @@ def test_learning_rate_schedules_and_optimizer_state_resume(tmp_path):
 
 
 def test_a_run_dir_where_checkpoints_cannot_go_is_refused_before_training(tmp_path):
-    from beatloop.core.errors import CheckpointError
+    from beatloop.core.errors import RunDirError
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").write_text("a file, not a folder")
-    with pytest.raises(CheckpointError, match=r"cannot create the checkpoint folder .*checkpoints"):
+    with pytest.raises(RunDirError, match=r"checkpoints is a file, not the run's checkpoint folder"):
         small_run(tmp_path, epochs=1)
     assert (tmp_path / "run" / "checkpoints").read_text() == "a file, not a folder"
 

@@ -63,5 +63,5 @@ def test_cli_export_restores_the_run_dir_and_writes_the_classifier(tmp_path, cap
     loaded = tf.saved_model.load(str(tmp_path / "out" / "model"))
     expected = result.models["model"](x, training=False)
     np.testing.assert_allclose(loaded.serve(x), expected, rtol=1e-5, atol=1e-6)
-    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 2
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 5  # run dir
     assert "holds no readable checkpoint" in capsys.readouterr().err

@@ -52,13 +52,7 @@ class RunCheckpoints:
         last_values: Sequence = (),
         max_to_keep: int = 3,
     ):
-        self.directory = Path(directory)
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise CheckpointError(
-                f"cannot create the checkpoint folder {self.directory}: {error}"
-            ) from None
+        self.directory = Path(directory)  # created by the first save
         self._host = tf.Variable("", dtype=tf.string, trainable=False, name="host_state")
         self._record = tf.Variable("", dtype=tf.string, trainable=False, name="run_record")
         self._parts = {
@@ -73,8 +67,15 @@ class RunCheckpoints:
             LAST_VALUES: list(last_values),
         }
         self.checkpoint = tf.train.Checkpoint(**self._parts)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(self.directory), max_to_keep=max_to_keep, checkpoint_name=PREFIX
+        self.max_to_keep = max_to_keep
+        self.manager = self._manager()
+
+    def _manager(self) -> tf.train.CheckpointManager:
+        return tf.train.CheckpointManager(
+            self.checkpoint,
+            str(self.directory),
+            max_to_keep=self.max_to_keep,
+            checkpoint_name=PREFIX,
         )
 
     # --- reading -------------------------------------------------------------------------
@@ -140,6 +141,8 @@ class RunCheckpoints:
         self._record.assign(json.dumps(record.to_json()))
         number = 1 + max((_number(p) for p in self.paths()), default=0)
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._rebuild_index()
             return self.manager.save(checkpoint_number=number)
         except (tf.errors.OpError, OSError) as error:
             self._remove_partial(number)
@@ -148,6 +151,24 @@ class RunCheckpoints:
                 f"could not write checkpoint {PREFIX}-{number} in {self.directory}: "
                 f"{_first_line(error)}; earlier checkpoints are intact ({kept})"
             ) from None
+
+    def _rebuild_index(self) -> None:
+        """An index (``checkpoint``) that was deleted or damaged while checkpoint files
+        remain is written anew from the files, oldest first, so ``max_to_keep`` counts
+        them and the oldest are removed as usual instead of left behind."""
+        found = checkpoint_files(self.directory)
+        if list(self.manager.checkpoints) or not found:
+            return
+        names = [Path(path).name for path in found]
+        stamps = [Path(f"{path}.index").stat().st_mtime for path in found]
+        lines = [f'model_checkpoint_path: "{names[-1]}"']
+        lines += [f'all_model_checkpoint_paths: "{name}"' for name in names]
+        lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
+        index = self.directory / "checkpoint"  # TensorFlow's CheckpointState, as text
+        partial = index.with_name("checkpoint.partial")
+        partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        partial.replace(index)
+        self.manager = self._manager()
 
     def _remove_partial(self, number: int) -> None:
         for leftover in self.directory.glob(f"{PREFIX}-{number}[._]*"):

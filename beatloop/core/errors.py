@@ -9,9 +9,23 @@ import difflib
 import re
 from collections.abc import Iterable
 
+#: The command line's exit codes, by what ended the run (``beatloop --help`` lists them).
+EXIT_CODES = {
+    0: "done",
+    1: "an unexpected error: a bug (the traceback is printed; please report it)",
+    2: "a usage or config error, or an error in a recipe's or callback's own code",
+    3: "a data error",
+    4: "numerics: a non-finite or diverging loss or gradient",
+    5: "a run dir or checkpoint error",
+    130: "interrupted (Ctrl-C)",
+}
+
 
 class BeatloopError(Exception):
     """Base class of every error beatloop raises on purpose."""
+
+    #: The command line's exit status for this error (see ``EXIT_CODES``).
+    exit_code = 2
 
     # Raised while a step is being traced, it reaches the user as itself, not wrapped
     # in autograph's StagingError with a generated-code traceback.
@@ -24,6 +38,8 @@ class ConfigError(BeatloopError, ValueError):
 
 class DataError(BeatloopError, ValueError):
     """A data set whose batches lack the keys or shapes a recipe needs, or that is empty."""
+
+    exit_code = 3
 
 
 class ScheduleError(BeatloopError, ValueError):
@@ -70,8 +86,17 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
 class NumericsError(BeatloopError, FloatingPointError):
     """A non-finite loss or gradient norm, named by beat and step."""
 
+    exit_code = 4
 
-class CheckpointError(BeatloopError, OSError):
+
+class RunDirError(BeatloopError, OSError):
+    """A run dir that cannot be used or written: it is a file, it or its parent is not
+    writable, the disk is full. Names the path, what was wrong and what to do."""
+
+    exit_code = 5
+
+
+class CheckpointError(RunDirError):
     """A checkpoint that cannot be written or read, or a run dir whose checkpoints belong
     to a different recipe, config or seed."""
 

@@ -123,7 +123,10 @@ class Recipe(abc.ABC):
         batch: Mapping[str, tf.Tensor],
         outputs: Mapping[str, Mapping[str, tf.Tensor]],
     ) -> None:
-        """Update ``metrics`` from a batch and each beat's outputs (by beat name)."""
+        """Update ``metrics`` from a batch and each beat's outputs (by beat name). The
+        default updates nothing (it has a statement: AutoGraph cannot convert a function
+        whose body is a docstring alone, and would warn)."""
+        return None
 
     def check_batch_spec(self, spec: Mapping[str, tf.TensorSpec]) -> list[str]:
         """Recipe-specific problems with a batch spec, beyond ``batch_keys``."""

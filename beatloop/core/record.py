@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from beatloop.core.errors import CheckpointError
+from beatloop.core.run_dir import writing
 
 
 def _lines(value) -> tuple[str, ...]:
@@ -173,5 +174,9 @@ def write_run_json(path: Path, record: RunRecord, **facts: Any) -> None:
     }
     text = json.dumps({**record.to_json(), **facts, "versions": versions}, indent=2, default=str)
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(text + "\n", encoding="utf-8")
-    temporary.replace(path)
+    with writing(path):
+        try:
+            temporary.write_text(text + "\n", encoding="utf-8")
+            temporary.replace(path)
+        finally:
+            temporary.unlink(missing_ok=True)

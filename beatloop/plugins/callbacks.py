@@ -17,6 +17,7 @@ import numpy as np
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import ConfigError
 from beatloop.core.run import Run
+from beatloop.core.run_dir import writing
 
 
 class History(Callback):
@@ -173,9 +174,10 @@ class EpochLogFile(Callback):
             if run.run_dir is None:
                 raise ConfigError(f"{type(self).__name__} needs a path or a run with a run_dir")
             self.path = Path(run.run_dir) / self.filename
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if run.resumed_from is not None and self.path.exists():
-            self.drop_after(run.epoch)
+        with writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if run.resumed_from is not None and self.path.exists():
+                self.drop_after(run.epoch)
 
     def drop_after(self, epochs: int) -> None:
         """Keep only the rows of the first ``epochs`` epochs: a resumed run rewrites the
@@ -211,7 +213,7 @@ class JsonLinesLogger(EpochLogFile):
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         row = {k: _jsonable(v) for k, v in self.row(run, epoch, logs).items()}
-        with self.path.open("a", encoding="utf-8") as handle:
+        with writing(self.path), self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
 
 
@@ -235,7 +237,7 @@ class CsvLogger(EpochLogFile):
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         if self._fields is None:
             self._fields = list(row)
-        with self.path.open("a", encoding="utf-8", newline="") as handle:
+        with writing(self.path), self.path.open("a", encoding="utf-8", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=self._fields, extrasaction="ignore")
             if new_file:
                 writer.writeheader()

@@ -1,0 +1,110 @@
+"""The run dir on disk: checked before a run writes anything, created when the run
+starts, and every failed write there reported as one :class:`RunDirError`.
+
+A run that cannot start (bad data, a refused resume, a run dir that cannot be written)
+leaves the run dir exactly as it was: nothing is created or written before the checks
+pass and the run's parts are assembled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from beatloop.core.errors import RunDirError
+
+#: What the run writes inside its run dir, besides the files it names itself.
+WRITTEN = ("run.json", "history.jsonl", "checkpoints", "checkpoints/checkpoint")
+
+_REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EISDIR: "it is a folder",
+    errno.EEXIST: "a file is in the way",
+}
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run dir the run could not write to, before anything is written: one that
+    is a file, lies under a file, is not writable, or would be created in a parent that
+    is not writable. An existing run dir's ``checkpoints`` folder and log files must be
+    writable too (a resume writes there)."""
+    run_dir = Path(run_dir)
+    advice = "pass another run dir (--run-dir, run_dir=)"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"the run dir {run_dir} is a file, not a folder: {advice}")
+    if not run_dir.exists():
+        parent = _nearest_existing(run_dir)
+        if not parent.is_dir():
+            raise RunDirError(
+                f"the run dir {run_dir} cannot be created: {parent} is a file, not a folder; "
+                f"{advice}"
+            )
+        if not _writable(parent):
+            raise RunDirError(
+                f"the run dir {run_dir} cannot be created: its parent {parent} is not "
+                f"writable (read-only, or owned by another user); {advice} or make "
+                f"{parent} writable"
+            )
+        return
+    for path in [run_dir, *(run_dir / name for name in WRITTEN)]:
+        if path.exists() and not _writable(path):
+            what = "folder" if path.is_dir() else "file"
+            raise RunDirError(
+                f"the run dir {run_dir} is not writable: the {what} {path} is read-only (or "
+                f"owned by another user); make it writable, or {advice} to start a new run"
+            )
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise RunDirError(f"{checkpoints} is a file, not the run's checkpoint folder; {advice}")
+
+
+def create_run_dir(run_dir: Path) -> None:
+    """Create the run dir (and missing parents) when the run starts."""
+    with writing(run_dir, "create"):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def writing(path: Path, action: str = "write"):
+    """An OSError while writing ``path`` becomes a RunDirError naming the path, the
+    reason in words (disk full, read-only, permission denied) and what to do."""
+    try:
+        yield
+    except RunDirError:
+        raise
+    except OSError as error:
+        reason = _REASONS.get(error.errno, error.strerror or str(error))
+        raise RunDirError(
+            f"could not {action} {path}: {reason} ({type(error).__name__}: "
+            f"{error.strerror or error}); {_advice(error)}"
+        ) from error
+
+
+def _advice(error: OSError) -> str:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space and run the same command again to resume"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make the run dir writable, or pass another run dir"
+    return "check the run dir, or pass another one"
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (a file or a folder)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write ``path`` (and enter it, for a folder)."""
+    mode = os.W_OK | (os.X_OK if Path(path).is_dir() else 0)
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, mode, effective_ids=effective)

@@ -1,0 +1,102 @@
+"""What the ``beatloop`` command shows on the terminal: TensorFlow's start-up lines kept
+out, and warnings as one line each (``beatloop: warning: ...``).
+
+TensorFlow's C++ code prints its start-up lines (the oneDNN banner, absl's "All log
+messages before absl::InitializeLog()") while it is imported, before any log level can
+stop them, so standard error is read into a file during that import only, and every
+line that is not one of those is written back: real errors stay visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import tempfile
+import warnings
+
+#: Lines TensorFlow prints while it is imported that say nothing about the run.
+START_UP_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\)"
+    r"|oneDNN custom operations are on"
+    r"|cpu_feature_guard"
+    r"|This TensorFlow binary is optimized"
+    r"|To enable the following instructions"
+    r"|rebuild TensorFlow with the appropriate compiler flags"
+    r"|Unable to register cu(DNN|FFT|BLAS) factory"
+    r"|computation placer already registered"
+    r"|Could not find cuda drivers"
+    r"|TF-TRT Warning"
+)
+
+
+def quiet_environment() -> None:
+    """Ask TensorFlow's C++ logging for warnings and errors only, unless the user set a
+    level (before TensorFlow is imported)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow with its start-up lines filtered out of standard error."""
+    if "tensorflow" in sys.modules:
+        return
+    quiet_environment()
+    with _filtered_stderr(START_UP_NOISE):
+        import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def _filtered_stderr(noise: re.Pattern):
+    """Point file descriptor 2 at a temporary file, then write back the lines that do
+    not match ``noise``."""
+    try:
+        descriptor = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file: nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(descriptor)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), descriptor)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, descriptor)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", errors="replace")
+            kept = [line for line in text.splitlines(keepends=True) if not noise.search(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def one_line_warnings() -> None:
+    """Show Python warnings and TensorFlow's logged warnings as ``beatloop: warning:
+    ...`` lines, without the source line Python adds."""
+    warnings.showwarning = _show_warning
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    for name in ("tensorflow", "absl"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+
+
+def warning_line(message: object) -> str:
+    """``beatloop: warning: MESSAGE`` on one line."""
+    return "beatloop: warning: " + " ".join(str(message).split())
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(warning_line(message), file=file or sys.stderr)
+
+
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        source = "" if record.name == "root" else f"{record.name}: "
+        level = "warning" if record.levelno < logging.ERROR else "error"
+        return f"beatloop: {level}: {source}" + " ".join(record.getMessage().split())
