@@ -170,15 +170,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``beatloop`` command and return its exit code (see ``EXIT_CODES``)."""
     args = _parser().parse_args(argv)
-    from beatloop.terminal import import_tensorflow_quietly, one_line_warnings, quiet_environment
+    from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
 
-    if not args.verbose:
-        quiet_environment()
-        import_tensorflow_quietly()
-        one_line_warnings()
     commands = {"list": _list, "show": _show, "run": _run, "export": _export, "compare": _compare}
     try:
-        return commands[args.command](args)
+        if args.verbose:
+            return commands[args.command](args)
+        import_tensorflow_quietly()
+        with one_line_warnings():
+            return commands[args.command](args)
     except BaseException as error:  # every way out gets its line and its exit code
         return _failure(error, args.verbose)
 

@@ -74,16 +74,34 @@ def _filtered_stderr(noise: re.Pattern):
                 sys.stderr.flush()
 
 
-def one_line_warnings() -> None:
-    """Show Python warnings and TensorFlow's logged warnings as ``beatloop: warning:
-    ...`` lines, without the source line Python adds."""
-    warnings.showwarning = _show_warning
+@contextlib.contextmanager
+def one_line_warnings():
+    """While it lasts, Python warnings and TensorFlow's logged warnings show as
+    ``beatloop: warning: ...`` lines, without the source line Python adds; what was
+    there before comes back after."""
+    import tensorflow as tf
+
+    tf.get_logger()  # TensorFlow adds its own handler on first use: let it, then replace it
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLine())
+    saved_show = warnings.showwarning
+    saved = {}
     for name in ("tensorflow", "absl"):
         logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
+        saved[name] = (list(logger.handlers), logger.propagate)
+        # Plain stream handlers print to the terminal; others (files, tests') stay.
+        logger.handlers[:] = [h for h in logger.handlers if type(h) is not logging.StreamHandler]
+        logger.addHandler(handler)
         logger.propagate = False
+    warnings.showwarning = _show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = saved_show
+        for name, (handlers, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
 
 
 def warning_line(message: object) -> str:

@@ -1,6 +1,15 @@
 """Bad input reads as a sentence naming what was expected and found, never a
 TensorFlow traceback."""
 
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -142,3 +151,240 @@ def test_tuple_fields_read_from_the_command_line():
     settings = parse_settings(["tasks=digit, ink", "weights=1,0.5"], MultitaskConfig, "multitask")
     assert settings == {"tasks": ("digit", "ink"), "weights": (1.0, 0.5)}
     assert type_name(tuple[str, ...]) == "tuple[str, ...]"
+
+
+# --- the command line: every failure one line, its exit code, the run dir untouched ----
+
+
+def snapshot(path: Path) -> dict | None:
+    """Every file and folder under ``path`` with its bytes (``None``: ``path`` is absent)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {
+        str(p.relative_to(path)): (p.read_bytes() if p.is_file() else "folder")
+        for p in sorted(path.rglob("*"))
+    }
+
+
+TINY = ["--set", "hidden=8", "--set", "batch_size=256", "--seed", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A finished one-epoch supervised run dir (copy it before changing it)."""
+    from beatloop.cli import main
+
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["run", "supervised", "--epochs", "1", "--run-dir", str(run_dir), *TINY]) == 0
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """``beatloop ARGV`` in this process: exit code, stdout, stderr."""
+    from beatloop.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(err: str, fragment: str) -> None:
+    assert err.startswith("beatloop: error: ") and fragment in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv, code, fragment",
+    [
+        (["run", "supervized"], 2, "no recipe named 'supervized'"),
+        (["run", "supervised", "--set", "hidden=wide"], 2, "'hidden' expects int, got str"),
+        (["run", "supervised", "--set", "colour=red"], 2, "no config field 'colour'"),
+        (["run", "supervised", "--epochs", "0"], 2, "epochs must be an integer >= 1"),
+        (["run", "supervised", "--model", "teacher"], 2, "--model expects NAME=PATH.keras"),
+        (["run", "supervised", "--strategy", "multi_worker"], 2, "needs the environment variable"),
+    ],
+)
+def test_usage_errors_exit_2(argv, code, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    run_dir = tmp_path / "run"
+    got, _, err = cli([*argv, "--run-dir", run_dir], capsys)
+    assert got == code
+    assert_one_error_line(err, fragment)
+    assert snapshot(run_dir) is None  # nothing was created
+
+
+def test_multi_worker_names_a_bad_tf_config(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {}}')
+    code, _, err = cli(["run", "supervised", "--strategy", "multi_worker"], capsys)
+    assert code == 2
+    assert_one_error_line(err, "TF_CONFIG must name the cluster's workers")
+
+
+def test_a_file_as_the_run_dir_exits_5_and_is_untouched(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    for run_dir in (afile, afile / "sub"):
+        code, _, err = cli(["run", "supervised", "--run-dir", run_dir, *TINY], capsys)
+        assert code == 5
+        assert_one_error_line(err, f"{afile} is a file, not a folder")
+        assert afile.read_text() == "notes"
+
+
+def test_resume_with_another_config_exits_5_and_changes_nothing(trained_run, tmp_path, capsys):
+    run_dir = copy_of(trained_run, tmp_path)
+    before = snapshot(run_dir)
+    argv = ["run", "supervised", "--epochs", "2", "--run-dir", run_dir, *TINY, "--set", "hidden=9"]
+    code, _, err = cli(argv, capsys)
+    assert code == 5
+    assert_one_error_line(err, "config.hidden is 8 in the checkpoint but 9 now")
+    assert snapshot(run_dir) == before
+
+
+def test_data_that_does_not_fit_the_model_exits_3_and_changes_nothing(tmp_path, capsys):
+    narrow = keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)])
+    narrow.save(tmp_path / "narrow.keras")
+    run_dir = tmp_path / "run"
+    argv = ["run", "supervised", "--model", f"model={tmp_path / 'narrow.keras'}"]
+    code, _, err = cli([*argv, "--run-dir", run_dir, *TINY], capsys)
+    assert code == 3, err
+    assert err.startswith("beatloop: error: ") and "Traceback" not in err
+    assert "(None, 32)" in err and "(None, 64)" in err and "model 'model'" in err
+    assert snapshot(run_dir) is None
+
+
+def test_a_corrupt_latest_checkpoint_is_one_warning_line(trained_run, tmp_path, capsys):
+    run_dir = copy_of(trained_run, tmp_path)
+    latest = max((run_dir / "checkpoints").glob("ckpt-*.index"), key=lambda p: p.stat().st_mtime)
+    data = next((run_dir / "checkpoints").glob(f"{latest.stem}.data-*"))
+    data.write_bytes(b"garbage")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a user's terminal shows them
+        code, out, err = cli(
+            ["run", "supervised", "--epochs", "2", "--run-dir", run_dir, *TINY], capsys
+        )
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("beatloop: warning: checkpoint "), err
+    assert "could not be read" in lines[0] and "RuntimeWarning" not in err
+    assert out.startswith("resumed from ckpt-1 (epoch 0, step 0)")
+
+
+def test_resume_is_announced_before_training(trained_run, tmp_path, capsys):
+    run_dir = copy_of(trained_run, tmp_path)
+    code, out, _ = cli(["run", "supervised", "--epochs", "2", "--run-dir", run_dir, *TINY], capsys)
+    assert code == 0
+    first, *rest = out.splitlines()
+    assert first.startswith("resumed from ckpt-2 (epoch 1, step 6)"), out
+    assert rest[0].startswith("supervised: 2 epoch(s), 12 steps")
+
+
+def test_a_deleted_checkpoint_index_is_rebuilt_and_max_to_keep_holds(trained_run, tmp_path, capsys):
+    run_dir = copy_of(trained_run, tmp_path)
+    (run_dir / "checkpoints" / "checkpoint").unlink()
+    argv = ["run", "supervised", "--epochs", "4", "--run-dir", run_dir, "--max-to-keep", "2"]
+    code, out, err = cli([*argv, *TINY], capsys)
+    assert code == 0, err
+    assert out.startswith("resumed from ckpt-2 (epoch 1, step 6)")
+    kept = sorted(p.stem for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+    assert kept == ["ckpt-4", "ckpt-5"]
+    index = (run_dir / "checkpoints" / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "ckpt-5"' in index and "ckpt-2" not in index
+
+
+def test_an_unexpected_error_exits_1_with_its_traceback(capsys, monkeypatch):
+    import beatloop.cli
+
+    def broken(args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(beatloop.cli, "_list", broken)
+    code, _, err = cli(["list"], capsys)
+    assert code == 1
+    assert "Traceback" in err and "ZeroDivisionError: a bug" in err
+    assert "please report it" in err
+
+
+def test_help_shows_every_default_and_the_exit_codes(capsys):
+    from beatloop.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for option, default in [("--epochs", "1"), ("--max-to-keep", "3"), ("--on-nan", "raise")]:
+        assert re.search(rf"{option} .*?\(default: {default}\)", text), option
+    assert "exit codes:" in text and "130 interrupted" in text and "3 a data error" in text
+
+
+# --- file-system failures: a process without root's override of file permissions ------
+
+
+def _without_file_permission_override():
+    """In the child, before it starts: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from
+    the capability bounding set, so root obeys file modes as any user does."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def beatloop_command(*args, cwd) -> subprocess.CompletedProcess:
+    """The ``beatloop`` console script, as a user without root's override runs it."""
+    script = Path(sys.executable).parent / "beatloop"
+    return subprocess.run(
+        [str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"},
+        preexec_fn=_without_file_permission_override if os.geteuid() == 0 else None,
+    )
+
+
+def read_only(path: Path) -> None:
+    for item in [path, *path.rglob("*")]:
+        item.chmod(0o555 if item.is_dir() else 0o444)
+
+
+@pytest.mark.slow
+def test_read_only_run_dirs_exit_5_and_are_untouched(trained_run, tmp_path):
+    run_dir = copy_of(trained_run, tmp_path)
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    read_only(run_dir)
+    read_only(parent)
+    try:
+        before = snapshot(run_dir)
+        done = beatloop_command("run", "supervised", "--epochs", "2", "--run-dir", run_dir, *TINY,
+                                cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 5, done.stderr
+        assert_one_error_line(done.stderr, f"the run dir {run_dir} is not writable")
+        assert snapshot(run_dir) == before
+        done = beatloop_command("run", "supervised", "--run-dir", parent / "new", *TINY,
+                                cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 5, done.stderr
+        assert_one_error_line(done.stderr, f"its parent {parent} is not writable")
+        assert snapshot(parent) == {}
+    finally:
+        for item in [run_dir, *run_dir.rglob("*"), parent]:
+            item.chmod(0o755)
+
+
+@pytest.mark.slow
+def test_a_run_prints_only_beatloop_lines(tmp_path):
+    done = beatloop_command("run", "supervised", "--epochs", "1", "--run-dir", tmp_path / "r",
+                            *TINY, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no TensorFlow banner, no absl line, no warning
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("supervised: 1 epoch(s)") and lines[1].startswith("run dir: ")
