@@ -189,7 +189,7 @@ def test_a_run_dir_where_checkpoints_cannot_go_is_refused_before_training(tmp_pa
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").write_text("a file, not a folder")
-    with pytest.raises(RunDirError, match=r"checkpoints is a file, not the run's checkpoint folder"):
+    with pytest.raises(RunDirError, match=r"checkpoints is a file, not the run's checkpoint"):
         small_run(tmp_path, epochs=1)
     assert (tmp_path / "run" / "checkpoints").read_text() == "a file, not a folder"
 

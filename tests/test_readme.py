@@ -18,12 +18,20 @@ def python_blocks(document: Path = README):
     return re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.S)
 
 
+def run_block(block: str, document: Path, namespace: dict) -> None:
+    """Run a code block with its lines numbered as in ``document``, so tracebacks, and
+    AutoGraph reading a loss's source, find the document's own lines."""
+    text = document.read_text()
+    padding = "\n" * text[: text.index(block)].count("\n")
+    exec(compile(padding + block, str(document), "exec"), namespace)
+
+
 def test_write_your_own_recipe_block_runs(monkeypatch, capsys):
     (block,) = [b for b in python_blocks() if "class Autoencoder" in b]
     assert len([line for line in block.splitlines() if line.strip()]) < 40
     monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
     namespace = {}
-    exec(compile(block, str(README), "exec"), namespace)
+    run_block(block, README, namespace)
     history = namespace["result"].history
     assert history["reconstruction"][1] < history["reconstruction"][0]
     assert history["val_reconstruction"][1] < history["val_reconstruction"][0]
@@ -45,7 +53,7 @@ def test_models_the_user_supplies_block_runs(monkeypatch, capsys):
     assert len([line for line in block.splitlines() if line.strip()]) < 45
     monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
     namespace = {}
-    exec(compile(block, str(README), "exec"), namespace)
+    run_block(block, README, namespace)
     result = namespace["result"]
     losses = result.history["val_distillation"]
     assert losses[-1] < losses[0]
@@ -78,7 +86,7 @@ def test_the_plugin_guides_group_block_runs(capsys):
     the reconstruction beat moves the encoder."""
     (block,) = [b for b in python_blocks(PLUGINS) if "class CodeAndClass" in b]
     namespace = {}
-    exec(compile(block, str(PLUGINS), "exec"), namespace)
+    run_block(block, PLUGINS, namespace)
     history = namespace["result"].history
     assert history["val_reconstruction"][1] < history["val_reconstruction"][0]
     assert history["val_cross_entropy"][1] < history["val_cross_entropy"][0]
