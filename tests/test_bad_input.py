@@ -388,3 +388,16 @@ def test_a_run_prints_only_beatloop_lines(tmp_path):
     assert done.stderr == ""  # no TensorFlow banner, no absl line, no warning
     lines = done.stdout.splitlines()
     assert lines[0].startswith("supervised: 1 epoch(s)") and lines[1].startswith("run dir: ")
+    shown = beatloop_command("list", "--verbose", cwd=tmp_path)  # TensorFlow's lines, asked for
+    assert shown.returncode == 0 and "oneDNN custom operations are on" in shown.stderr
+
+
+def test_a_full_disk_names_the_file_and_the_reason(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "history.jsonl").symlink_to("/dev/full")  # every write: ENOSPC
+    code, _, err = cli(["run", "supervised", "--run-dir", run_dir, *TINY], capsys)
+    assert code == 5
+    assert_one_error_line(err, f"could not write {run_dir / 'history.jsonl'}: the disk is full")
+    assert "free some space and run the same command again to resume" in err
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
