@@ -223,12 +223,15 @@ def test_every_repeat_and_groups_each_keep_their_own_window(digits):
         assert_same_weights(all_weights(runs[0].models), all_weights(runs[1].models))
 
 
-def test_mixed_precision_and_debug_mode(digits, unguarded):
+def test_mixed_precision_xla_and_debug_mode(digits, unguarded):
     _, losses = unguarded
     data = scaled(digits, 7)
-    half = caught(lambda: beatloop.fit("supervised", data=data, seed=0, divergence=10,
-                                       precision="mixed_float16"))  # fmt: skip
-    assert "beat 'loss' diverged: loss " in half and "at step 7 (epoch 1)" in half
+    for options in ({"precision": "mixed_float16"}, {"jit_compile": True}):
+        message = caught(lambda o=options: beatloop.fit(
+            "supervised", data=data, seed=0, divergence=10, steps_per_execution=4, **o
+        ))  # fmt: skip
+        assert "beat 'loss' diverged: loss " in message, options
+        assert "at step 7 (epoch 1)" in message, options
     # Debug mode stops before the diverged update: the model is as six steps left it.
     engine = supervised_engine(data, debug=True, divergence=10)
     message = caught(lambda: engine.fit(1))
