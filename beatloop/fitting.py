@@ -20,7 +20,7 @@ from beatloop.core.checkpoints import latest_record
 from beatloop.core.config import make_config
 from beatloop.core.engine import Engine
 from beatloop.core.errors import CheckpointError, ConfigError
-from beatloop.core.options import EngineOptions
+from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.recipe import Recipe
 from beatloop.core.record import write_run_json
 from beatloop.core.result import FitResult
@@ -61,6 +61,8 @@ def fit(
     max_to_keep: int = 3,
     on_nan: str = "raise",
     max_rollbacks: int = 3,
+    divergence: float | None = None,
+    divergence_window: int = DIVERGENCE_WINDOW,
     jit_compile: bool = False,
     precision: str = "float32",
     strategy: tf.distribute.Strategy | None = None,
@@ -90,12 +92,19 @@ def fit(
     recipe, config or seed is refused. ``on_nan="rollback"`` answers a non-finite loss or
     gradient norm by restoring the last checkpoint and going on after the offending
     batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
+
+    ``divergence=F`` (a number > 1; off by default) also treats a loss that runs away
+    while staying finite as a fault, answered as ``on_nan`` says: a step where a beat's
+    ``|loss|`` is above F times the median of its ``|loss|`` over its last
+    ``divergence_window`` steps (fewer at the start: from its second step on; a median
+    of zero never fires). The window is checkpointed with the run.
     """
     _check_counts(epochs, seed)
     options = _engine_options(
         steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch,
         checkpoint_every=checkpoint_every, max_to_keep=max_to_keep, on_nan=on_nan,
         max_rollbacks=max_rollbacks, jit_compile=jit_compile, precision=precision,
+        divergence=divergence, divergence_window=divergence_window,
     )  # fmt: skip
     run_path = None if run_dir is None else Path(run_dir)
     if run_path is not None:

@@ -95,3 +95,16 @@ def test_the_plugin_guides_group_block_runs(capsys):
     assert updates == {"reconstruction": ("encoder", "decoder"), "cross_entropy": ("classifier",)}
     printed = f"{history['val_reconstruction']} {history['val_cross_entropy']}\n"
     assert capsys.readouterr().out == printed
+
+
+def test_the_nan_guard_block_prints_what_the_readme_shows(capsys):
+    """A learning rate that really gives a NaN with the default optimizer, and one that
+    only the divergence guard stops: the messages the README shows are the real ones."""
+    (block,) = [b for b in python_blocks() if "divergence=divergence" in b]
+    text = README.read_text()
+    shown = re.match(r"```\n\n```text\n(.*?)```", text[text.index(block) + len(block) :], re.S)[1]
+    exec(compile(block, str(README), "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed == shown
+    assert "produced a non-finite loss (nan) at step 2" in printed
+    assert "diverged: loss 2.204e+20 is above 10 times its running median 2.34" in printed

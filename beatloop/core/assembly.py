@@ -27,6 +27,7 @@ from beatloop.core.errors import (
 from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
+from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import batch_shapes, failure_message
 from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
@@ -51,6 +52,8 @@ class RunParts:
     #: The recipe's own callbacks: its epoch figures, pictures, loss weights.
     callbacks: tuple[Callback, ...]
     record: RunRecord
+    #: The divergence guard (``divergence=``), or ``None`` when it is off.
+    divergence: DivergenceGuard | None = None
 
 
 def assemble(
@@ -87,10 +90,17 @@ def assemble(
             beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
         )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
+    # Like the counters, outside the replicas: updated on the checks summed over them.
+    divergence = (
+        None
+        if options.divergence is None
+        else DivergenceGuard(bound.beats, options.divergence, options.divergence_window)
+    )
     with in_recipe(label, spec):  # the loops are traced here: a recipe's mistakes show now
         train_loop, validation_loop = _loops(
-            recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
-        )
+            recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
+            divergence,
+        )  # fmt: skip
     return RunParts(
         recipe=recipe,
         label=label,
@@ -102,10 +112,14 @@ def assemble(
         validation_loop=validation_loop,
         callbacks=tuple(recipe_callbacks(recipe)),
         record=RunRecord.of(recipe, bound, spec, seed, options.precision),
+        divergence=divergence,
     )
 
 
-def _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy):
+def _loops(
+    recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
+    divergence=None,
+):  # fmt: skip
     """The compiled training loop and, with validation data, the validation loop."""
     common = {
         "compiled": not options.debug,
@@ -113,13 +127,15 @@ def _loops(recipe, data, bound, counters, train_metrics, validation_metrics, opt
         "distributed": strategy is not None,
     }
     train_step = TrainStep(
-        bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy
-    )
+        bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy,
+        divergence=divergence,
+    )  # fmt: skip
     train_loop = CompiledLoop(
         train_step,
         options.steps_per_execution,
         data.train.element_spec,
         checks=len(bound.beats),
+        divergence=divergence,
         counters=counters,
         **common,
     )

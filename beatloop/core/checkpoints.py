@@ -3,7 +3,8 @@
 One ``tf.train.Checkpoint`` holds every model (with every variable, including the
 dropout seed states ``tf.train.Checkpoint`` would not find through the model), every
 optimizer, the run's counters (step, epoch, data position), the run's random
-generator, the training metrics, and two JSON strings: the Python-side state of the
+generator, the training metrics (each beat's last loss value apart), with the divergence
+guard on its window of recent losses, and two JSON strings: the Python-side state of the
 callbacks and the run's record (:class:`~beatloop.core.record.RunRecord`) that a resume
 is checked against. TensorFlow writes the files first and the index
 (``checkpoint``) last with an atomic rename, so "latest" never names a half-written
@@ -35,6 +36,9 @@ _RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
 
 #: The checkpoint key of each beat's last loss value (kept since issue 14).
 LAST_VALUES = "last_values"
+#: The checkpoint key of the divergence guard's window (only a run with the guard on
+#: writes it).
+DIVERGENCE = "divergence"
 
 
 class RunCheckpoints:
@@ -50,6 +54,7 @@ class RunCheckpoints:
         random: tf.random.Generator,
         metric_variables: Sequence,
         last_values: Sequence = (),
+        divergence: Sequence = (),
         max_to_keep: int = 3,
     ):
         self.directory = Path(directory)  # created by the first save
@@ -66,6 +71,8 @@ class RunCheckpoints:
             "record": self._record,
             LAST_VALUES: list(last_values),
         }
+        if divergence:  # without the guard, checkpoints are as they were before it
+            self._parts[DIVERGENCE] = list(divergence)
         self.checkpoint = tf.train.Checkpoint(**self._parts)
         self.max_to_keep = max_to_keep
         self.manager = self._manager()
@@ -122,12 +129,32 @@ class RunCheckpoints:
         return None
 
     def _reader(self, path: str) -> tf.train.Checkpoint:
-        """The checkpoint object to read ``path`` with: all parts, or all but each beat's
-        last loss value for a checkpoint written before those were kept."""
-        names = {name for name, _ in tf.train.list_variables(path)}
-        if any(name.startswith(f"{LAST_VALUES}/") for name in names):
+        """The checkpoint object to read ``path`` with: all parts, or all but those
+        ``path`` lacks: each beat's last loss value (written before those were kept) and
+        the divergence guard's window (written with the guard off, or by earlier code;
+        the window then stays as it is, empty at the start of a run). A window of another
+        length (another ``divergence_window``) is left out too, with a warning."""
+        shapes = dict(tf.train.list_variables(path))
+        left_out = {
+            key
+            for key in (LAST_VALUES, DIVERGENCE)
+            if key in self._parts and not any(name.startswith(f"{key}/") for name in shapes)
+        }
+        if DIVERGENCE in self._parts and DIVERGENCE not in left_out:
+            stored = [shapes.get(f"{DIVERGENCE}/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in (0, 1)]
+            ours = [list(v.shape) for v in self._parts[DIVERGENCE]]
+            if stored != ours:
+                left_out.add(DIVERGENCE)
+                warnings.warn(
+                    f"checkpoint {path} holds a divergence window of shape {stored[0]}, this "
+                    f"run keeps {ours[0]} (another divergence_window): the window is not "
+                    "restored",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        if not left_out:
             return self.checkpoint
-        parts = {key: part for key, part in self._parts.items() if key != LAST_VALUES}
+        parts = {key: part for key, part in self._parts.items() if key not in left_out}
         return tf.train.Checkpoint(**parts)
 
     # --- writing -------------------------------------------------------------------------

@@ -225,5 +225,6 @@ def _checkpoints(parts, run_dir: Path | None, options: EngineOptions) -> RunChec
         random=parts.bound.random,
         metric_variables=parts.train_metrics.variables(),
         last_values=parts.train_metrics.last_variables(),
+        divergence=parts.divergence.variables() if parts.divergence is not None else (),
         max_to_keep=options.max_to_keep,
     )

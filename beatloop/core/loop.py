@@ -2,8 +2,9 @@
 ``multi_step_on_iterator``).
 
 The end of the data is a count, not an exception crossing the compiled boundary: a call
-says how many steps it ran and whether the last one faulted (a non-finite check), in
-one integer the host reads once (:class:`CallResult`).
+says how many steps it ran and whether the last one faulted (a non-finite check, or with
+a divergence guard a diverged loss), in one integer the host reads once
+(:class:`CallResult`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import attrs
 import tensorflow as tf
 
 from beatloop.core.counters import Counters
-from beatloop.core.numerics import no_checks
+from beatloop.core.numerics import COLUMNS, DivergenceGuard, all_finite, no_checks
 from beatloop.core.options import MAX_STEPS_PER_EXECUTION
 
 Step = Callable[[Mapping[str, tf.Tensor], tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
@@ -47,10 +48,6 @@ class CallResult:
         return cls(ran, bool(faulted), checks.numpy() if faulted else None)
 
 
-def all_finite(checks: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_all(tf.math.is_finite(checks))
-
-
 class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
@@ -58,8 +55,11 @@ class CompiledLoop:
     unknown), so a short last batch reuses the same trace; ``trace_count`` counts traces
     (two when compiled: the K-step loop and the one-step call). A step returns
     ``(checks, examples)`` with ``checks`` of ``checks`` rows; the loop stops early at the
-    end of the data or at a step whose checks are not all finite. With ``counters`` it
-    numbers the steps from the run's step count and advances the counters once per call.
+    end of the data or at a step whose checks are not all finite. With a ``divergence``
+    guard each step's checks pass through it (a column added, the guard's window
+    updated, outside the XLA-compiled step) and a diverged loss stops the loop too;
+    without one no op of it is traced. With ``counters`` it numbers the steps from the
+    run's step count and advances the counters once per call.
     ``compiled=False`` runs the same code eagerly (debugging); ``jit_compile=True``
     compiles the step with XLA; ``distributed=True`` takes iterators of a distributed
     data set.
@@ -72,6 +72,7 @@ class CompiledLoop:
         element_spec: Mapping[str, tf.TensorSpec],
         *,
         checks: int = 0,
+        divergence: DivergenceGuard | None = None,
         counters: Counters | None = None,
         compiled: bool = True,
         jit_compile: bool = False,
@@ -84,6 +85,8 @@ class CompiledLoop:
         self.step = step
         self.steps_per_execution = steps_per_execution
         self.checks = checks
+        self.divergence = divergence
+        self.columns = COLUMNS if divergence is None else divergence.columns
         self.counters = counters
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
@@ -116,6 +119,14 @@ class CompiledLoop:
             return tf.constant(0, tf.int64)
         return self.counters.step.read_value()
 
+    def checked_step(self, batch, number: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``(checks, examples, ok)`` of one step; ``ok``: nothing faulted."""
+        checks, size = self.step(batch, number)
+        if self.divergence is None:
+            return checks, size, all_finite(checks)
+        checks = self.divergence.watch(checks, number)
+        return checks, size, self.divergence.ok(checks)
+
     def advance(self, ran: tf.Tensor, examples: tf.Tensor) -> None:
         if self.counters is not None:
             self.counters.advance(ran, examples)
@@ -130,8 +141,7 @@ class CompiledLoop:
 
         def body(count, examples, next_batch, ok, checks):
             number = first + tf.cast(count, tf.int64)
-            checks, size = self.step(next_batch.get_value(), number)
-            ok = all_finite(checks)
+            checks, size, ok = self.checked_step(next_batch.get_value(), number)
             # Fetch only if another step follows, so no batch is pulled and dropped.
             following = tf.cond(
                 tf.logical_and(count + 1 < limit, ok),
@@ -145,7 +155,7 @@ class CompiledLoop:
             tf.constant(0, tf.int64),
             iterator.get_next_as_optional(),
             tf.constant(True),
-            no_checks(self.checks),
+            no_checks(self.checks, self.columns),
         )
         count, examples, _, ok, checks = tf.while_loop(more, body, start)
         self.advance(count, examples)
@@ -157,11 +167,11 @@ class CompiledLoop:
         next_batch = iterator.get_next_as_optional()
 
         def run():
-            checks, size = self.step(next_batch.get_value(), self.first_step_number())
-            return CallResult.status(1, all_finite(checks)), checks, size
+            checks, size, ok = self.checked_step(next_batch.get_value(), self.first_step_number())
+            return CallResult.status(1, ok), checks, size
 
         def nothing():
-            return tf.constant(0), no_checks(self.checks), tf.constant(0, tf.int64)
+            return tf.constant(0), no_checks(self.checks, self.columns), tf.constant(0, tf.int64)
 
         status, checks, size = tf.cond(next_batch.has_value(), run, nothing)
         self.advance(tf.cast(next_batch.has_value(), tf.int64), size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 ON_NAN = ("raise", "rollback")
@@ -10,6 +12,24 @@ MAX_STEPS_PER_EXECUTION = 1 << 20  # the fault flag of a call's status rides abo
 
 _int = attrs.validators.instance_of(int)
 _bool = attrs.validators.instance_of(bool)
+#: How many of a beat's latest losses the divergence guard's median is taken over.
+DIVERGENCE_WINDOW = 100
+
+
+def _factor(instance, attribute, value) -> None:
+    """``None``, or a finite number above 1 (not a bool)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"{attribute.name!r} must be None or a number > 1 (the factor over the running "
+            f"median), got {value!r}"
+        )
+    if not (math.isfinite(value) and value > 1):
+        raise ValueError(
+            f"{attribute.name!r} must be a finite number > 1 (the factor over the running "
+            f"median), got {value!r}"
+        )
 
 
 @attrs.frozen
@@ -22,8 +42,12 @@ class EngineOptions:
     always checkpoints at each epoch's end). ``max_to_keep``: checkpoints kept on disk.
     ``on_nan``: what a non-finite loss or gradient norm does: ``"raise"`` stops the run,
     ``"rollback"`` restores the last checkpoint and goes on after the offending batch, at
-    most ``max_rollbacks`` times. ``debug``: run the steps eagerly and stop before a
-    non-finite update. ``jit_compile``: compile the training and validation steps with
+    most ``max_rollbacks`` times. ``divergence``: also fault (as ``on_nan`` says) at a
+    step where a beat's ``|loss|`` is above ``divergence`` times the median of its
+    ``|loss|`` over its last ``divergence_window`` steps (see
+    :class:`~beatloop.core.numerics.DivergenceGuard`); ``None`` (the default) builds no
+    part of it. ``debug``: run the steps eagerly and stop before a non-finite (or
+    diverged) update. ``jit_compile``: compile the training and validation steps with
     XLA. ``precision``: ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's
     models under that Keras policy (float32 variables, half-precision compute; outputs
     reach the losses as float32), and for float16 wraps every optimizer in loss scaling.
@@ -45,3 +69,7 @@ class EngineOptions:
     max_rollbacks: int = attrs.field(default=3, validator=[_int, attrs.validators.ge(0)])
     jit_compile: bool = attrs.field(default=False, validator=_bool)
     precision: str = attrs.field(default="float32", validator=attrs.validators.in_(PRECISIONS))
+    divergence: float | None = attrs.field(default=None, validator=_factor)
+    divergence_window: int = attrs.field(
+        default=DIVERGENCE_WINDOW, validator=[_int, attrs.validators.ge(1)]
+    )

@@ -127,11 +127,12 @@ class Recovery:
     # --- faults ------------------------------------------------------------------------
 
     def recover(self, result: CallResult, beats) -> None:
-        """A step reported a non-finite loss or gradient norm: roll back to the last
-        checkpoint (``on_nan="rollback"``, while rollbacks are left), else stop."""
+        """A step reported a non-finite loss or gradient norm, or a diverged loss: roll
+        back to the last checkpoint (``on_nan="rollback"``, while rollbacks are left),
+        else stop."""
         counters = self.counters
         where = f"at step {int(counters.step)} (epoch {int(counters.epoch) + 1})"
-        problem = f"{describe_checks(beats, result.checks)} {where}"
+        problem = f"{describe_checks(beats, result.checks, self.options.divergence)} {where}"
         rolls_back = self.options.on_nan == "rollback" and self.checkpoints is not None
         if rolls_back and self._rollbacks < self.options.max_rollbacks:
             self._rollbacks += 1

@@ -18,7 +18,7 @@ from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
-from beatloop.core.numerics import beat_checks, check_finite, no_checks
+from beatloop.core.numerics import DivergenceGuard, beat_checks, check_finite, no_checks
 from beatloop.core.replicas import on_replicas, replica_view
 from beatloop.core.user_code import call_user
 
@@ -31,7 +31,10 @@ class TrainStep:
 
     With a ``strategy`` the beats run on every replica (see :mod:`beatloop.core.replicas`)
     and their checks and batch sizes are summed over replicas. ``debug`` (eager mode)
-    stops before a non-finite update is applied.
+    stops before a non-finite update is applied. With a ``divergence`` guard, each
+    replica's loss enters the checks weighted by its share of the global batch, so their
+    sum is the global batch's loss, and ``debug`` also stops before the update of a
+    diverged loss (the guard's window itself is updated by the loop, after the step).
     """
 
     def __init__(
@@ -42,12 +45,14 @@ class TrainStep:
         *,
         debug: bool = False,
         strategy: tf.distribute.Strategy | None = None,
+        divergence: DivergenceGuard | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
         self.update_metrics = update_metrics
         self.debug = debug
         self.strategy = strategy
+        self.divergence = divergence
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(checks, examples)`` of one step; ``step`` is its number (for ``every``)."""
@@ -79,7 +84,7 @@ class TrainStep:
         losses = {beat.name: [] for beat in group.beats}
         squares = {beat.name: [] for beat in group.beats}
         outputs = {}
-        for _ in range(group.repeat):
+        for repeat in range(group.repeat):
             values, outputs, gradients = group.gradients(
                 self.bound.models, batch, weight=weight, random=random
             )
@@ -88,16 +93,27 @@ class TrainStep:
                 scaled = loss_scale(beat.optimizer) is not None
                 if self.debug:
                     check_finite(beat.name, loss, grads, step, scaled)
-                losses[beat.name].append(loss)
+                losses[beat.name].append(self._checked_loss(loss, weight))
                 # Under loss scaling an overflowing gradient is expected now and then: the
                 # optimizer skips that update and lowers the scale, so only the loss counts.
                 if not scaled:
                     squares[beat.name].extend(tf.reduce_sum(tf.square(g)) for g in grads)
+            if self.debug and self.divergence is not None and repeat == group.repeat - 1:
+                for beat in group.beats:  # the step's loss is whole: before its last update
+                    self.divergence.check_eager(beat, tf.add_n(losses[beat.name]), step)
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 apply_update(beat, grads)
                 self.metrics.update_loss(beat.name, loss, size)
         rows = [beat_checks(losses[b.name], squares[b.name]) for b in group.beats]
         return outputs, tf.stack(rows)
+
+    def _checked_loss(self, loss: tf.Tensor, weight) -> tf.Tensor:
+        """A loss as the checks take it: as it is, or on a replica with the divergence
+        guard on, weighted by the replica's share (the checks' sum over replicas is then
+        the global batch's loss, which the guard compares)."""
+        if weight is None or self.divergence is None:
+            return loss
+        return loss * tf.cast(weight, loss.dtype)
 
 
 def check_gradients(beat: BoundBeat, grads) -> None:
