@@ -102,6 +102,21 @@ def _parser() -> argparse.ArgumentParser:
         "--max-rollbacks", type=int, default=3, metavar="N", help="rollbacks before stopping"
     )
     run.add_argument(
+        "--divergence",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="also treat a beat's loss above FACTOR times its running median as a fault "
+        "(none: off)",
+    )
+    run.add_argument(
+        "--divergence-window",
+        type=int,
+        default=100,
+        metavar="N",
+        help="steps in the running median --divergence compares with",
+    )
+    run.add_argument(
         "--steps-per-execution", type=int, default=1, metavar="K", help="steps per compiled call"
     )
     run.add_argument(
@@ -331,6 +346,8 @@ def _run(args) -> int:
         max_to_keep=args.max_to_keep,
         on_nan=args.on_nan,
         max_rollbacks=args.max_rollbacks,
+        divergence=args.divergence,
+        divergence_window=args.divergence_window,
         jit_compile=args.jit_compile,
         precision=args.precision,
         strategy=strategy,

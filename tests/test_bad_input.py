@@ -401,3 +401,34 @@ def test_a_full_disk_names_the_file_and_the_reason(tmp_path, capsys):
     assert_one_error_line(err, f"could not write {run_dir / 'history.jsonl'}: the disk is full")
     assert "free some space and run the same command again to resume" in err
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
+
+
+def test_a_nan_exits_4_and_rollback_warnings_are_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    nan = ["run", "supervised", "--set", "learning_rate=1e20", "--run-dir", run_dir, *TINY]
+    code, _, err = cli(nan, capsys)
+    assert code == 4
+    assert_one_error_line(err, "beat 'loss' produced a non-finite loss (nan) at step 2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a user's terminal shows them
+        code, _, err = cli([*nan, "--on-nan", "rollback", "--max-rollbacks", "2"], capsys)
+    assert code == 4
+    *warned, error = err.strip().splitlines()
+    assert len(warned) == 2, err
+    for number, line in enumerate(warned, 1):
+        assert line.startswith("beatloop: warning: beat 'loss' produced a non-finite loss")
+        assert f"(rollback {number} of at most 2)" in line
+    assert error.startswith("beatloop: error: ") and "already rolled back 2 time(s)" in error
+    assert "RuntimeWarning" not in err and "Traceback" not in err
+
+
+def test_divergence_exits_4_naming_the_beat_value_and_median(tmp_path, capsys):
+    blown_up = ["run", "supervised", "--set", "learning_rate=1e9", *TINY]
+    code, out, _ = cli([*blown_up, "--run-dir", tmp_path / "free"], capsys)
+    assert code == 0  # without the guard the run "succeeds" with a blown-up loss
+    assert float(re.search(r" loss (\S+)", out).group(1)) > 1e6
+    guarded = [*blown_up, "--run-dir", tmp_path / "guarded", "--divergence", "10"]
+    code, _, err = cli(guarded, capsys)
+    assert code == 4
+    assert_one_error_line(err, "beat 'loss' diverged: loss ")
+    assert "above 10 times its running median" in err and "at step 2 (epoch 1)" in err
