@@ -212,8 +212,9 @@ def test_debug_mode_runs_eagerly_and_stops_on_non_finite_loss(small_digits):
     poisoned["x"][70, 3] = np.inf  # in the second batch of 50
     engine = engine_for(tuple_batches(poisoned, 50), options=EngineOptions(debug=True))
     with pytest.raises(
-        beatloop.NumericsError, match=r"beat 'loss' produced a non-finite loss nan at step 1"
-    ):
+        beatloop.NumericsError,
+        match=r"beat 'loss' produced a non-finite loss \(nan\) at step 2, before its update",
+    ):  # the second batch: step 2, numbered from 1 as in compiled runs
         engine.fit(1)
 
 

@@ -76,17 +76,19 @@ def check_finite(beat_name: str, loss, grads, step, loss_scaled: bool) -> None:
     before the update is applied (under loss scaling the gradients may overflow: the
     optimizer skips those updates, so only the loss is checked)."""
     value = float(loss)
+    number = int(step) + 1  # steps are numbered from 1 in every message, as compiled ones
     if not math.isfinite(value):
         raise NumericsError(
-            f"beat {beat_name!r} produced a non-finite loss {value} at step {int(step)}"
+            f"beat {beat_name!r} produced a non-finite loss ({value}) at step {number}, "
+            "before its update was applied"
         )
     if loss_scaled:
         return
     norm = float(tf.linalg.global_norm(grads))
     if not math.isfinite(norm):
         raise NumericsError(
-            f"beat {beat_name!r} produced a non-finite gradient norm {norm} at step "
-            f"{int(step)} (loss {value})"
+            f"beat {beat_name!r} produced a non-finite gradient global norm ({norm}) at step "
+            f"{number} (loss {value}), before its update was applied"
         )
 
 
