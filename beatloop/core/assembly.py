@@ -12,7 +12,7 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit, check_split
+from beatloop.core.batches import DataSplit, batch_shapes, check_split
 from beatloop.core.beats import Group
 from beatloop.core.binding import BoundSchedule, bind
 from beatloop.core.callbacks import Callback
@@ -21,13 +21,14 @@ from beatloop.core.errors import (
     BeatloopError,
     ConfigError,
     DataError,
+    InputMismatchError,
     UserCodeError,
     did_you_mean,
 )
 from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
-from beatloop.core.op_errors import batch_shapes, failure_message
+from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
@@ -76,21 +77,23 @@ def assemble(
         random = tf.random.Generator.from_seed(seed)
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
-            _build_unbuilt(recipe, built_models, spec, random, label)
+            with data_errors("training", label):  # models meet the training data here
+                _build_unbuilt(recipe, built_models, spec, random, label)
         built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
-        bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
+        with data_errors("training", label):
+            bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
         beat_names = [beat.name for beat in bound.beats]
         last_logged = [beat.name for beat in bound.beats if beat.log == "last"]
         train_metrics = StepMetrics(
             beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
         )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
-    with in_recipe(label, spec):  # the loops are traced here: a recipe's mistakes show now
-        train_loop, validation_loop = _loops(
-            recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy
-        )
+    # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
+    train_loop, validation_loop = _loops(
+        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy, label
+    )
     return RunParts(
         recipe=recipe,
         label=label,
@@ -105,8 +108,11 @@ def assemble(
     )
 
 
-def _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy):
-    """The compiled training loop and, with validation data, the validation loop."""
+def _loops(
+    recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy, label
+):
+    """The compiled training loop and, with validation data, the validation loop, each
+    traced on its own data set's spec (errors name the recipe ``label`` and the data)."""
     common = {
         "compiled": not options.debug,
         "jit_compile": options.jit_compile,
@@ -115,22 +121,23 @@ def _loops(recipe, data, bound, counters, train_metrics, validation_metrics, opt
     train_step = TrainStep(
         bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy
     )
-    train_loop = CompiledLoop(
-        train_step,
-        options.steps_per_execution,
-        data.train.element_spec,
-        checks=len(bound.beats),
-        counters=counters,
-        **common,
-    )
+    with data_errors("training", label), in_recipe(label, data.train.element_spec):
+        train_loop = CompiledLoop(
+            train_step,
+            options.steps_per_execution,
+            data.train.element_spec,
+            checks=len(bound.beats),
+            counters=counters,
+            **common,
+        )
     if data.validation is None:
         return train_loop, None
     validation_step = ValidationStep(
         bound, validation_metrics, recipe.update_metrics, strategy=strategy
     )
-    validation_loop = CompiledLoop(
-        validation_step, options.steps_per_execution, data.validation.element_spec, **common
-    )
+    spec = data.validation.element_spec
+    with data_errors("validation", label), in_recipe(label, spec):
+        validation_loop = CompiledLoop(validation_step, options.steps_per_execution, spec, **common)
     return train_loop, validation_loop
 
 
@@ -243,6 +250,10 @@ def _build_unbuilt(
                 forward(function, entry.name, models, frozenset(), (), batch, random)
         except UserCodeError as error:
             raise error.in_recipe(label, batch_shapes(spec)) from error.original
+        except InputMismatchError as error:  # found on the zero batch: show the data's shape
+            shape = spec[error.key].shape if error.key in spec else None
+            found = None if shape is None or shape.rank is None else tuple(shape.as_list())
+            raise error.completed(found=found) from None
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly

@@ -182,7 +182,10 @@ class Engine:
             if target is not None:
                 limit = min(limit, target - done)
             self.callbacks.fire("execution_start", run)
-            with data_errors("training"), in_recipe(self.parts.label):
+            with (
+                data_errors("training", self.parts.label),
+                in_recipe(self.parts.label),
+            ):
                 result = self.stream.train(self.parts.train_loop, limit)
             if result.faulted:
                 self.recovery.recover(result, self.parts.bound.beats)
@@ -204,7 +207,7 @@ class Engine:
         run = run or self.run
         self.parts.validation_metrics.reset()
         self.callbacks.fire("validation_start", run)
-        with data_errors("validation"), in_recipe(self.parts.label):
+        with data_errors("validation", self.parts.label), in_recipe(self.parts.label):
             self.stream.validate(self.parts.validation_loop, self.options.steps_per_execution)
         if not self._fitting:
             self.stream.wait()

@@ -1,5 +1,10 @@
 """TensorFlow errors turned into beatloop's: a data problem found while a step runs, or
-while a recipe's losses first meet the data, becomes one readable :class:`DataError`."""
+while a recipe's losses first meet the data, becomes one readable :class:`DataError`.
+
+:func:`data_errors` names the data set (training or validation) and the recipe: in a
+model input that does not fit (:class:`~beatloop.core.errors.InputMismatchError`, found
+when a step is traced) and in an op error a batch causes.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,19 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from beatloop.core.errors import DataError
+from beatloop.core.batches import batch_shapes
+from beatloop.core.errors import DataError, InputMismatchError
 
 
 @contextlib.contextmanager
-def data_errors(role: str):
-    """A TensorFlow error raised by the data in a step (a label out of range, a bad
-    cast) becomes one readable DataError naming the ``role`` (training, validation)."""
+def data_errors(role: str, label: str | None = None):
+    """Errors the ``role`` data set (training, validation) causes, as one readable
+    DataError naming it and the recipe ``label``: a model input that does not fit, an
+    op error in a step (a label out of range, a bad cast)."""
     try:
         yield
+    except InputMismatchError as error:
+        raise error.completed(recipe=label, data_set=role) from None
     except tf.errors.InvalidArgumentError as error:
         raise DataError(f"a {role} step failed on its batch: {op_error_summary(error)}") from None
 
@@ -30,11 +39,6 @@ def op_error_summary(error: tf.errors.OpError) -> str:
         cause = cause[:300] + "..."
     node = re.search(r"Detected at node (\S+)", message)
     return f"{cause} (in op {node.group(1)})" if node else cause
-
-
-def batch_shapes(spec: Mapping) -> str:
-    """``{x: (None, 64) float32, ...}``: the shapes and dtypes of a batch spec."""
-    return "{" + ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items()) + "}"
 
 
 def failure_message(label: str, what: str, spec: Mapping, error: Exception) -> str:

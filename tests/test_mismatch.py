@@ -1,0 +1,175 @@
+"""Data that does not fit a model, labels out of range and failing callbacks: each is
+named (the model, the input, both shapes, the data set; the label, its key and the
+config field; the callback, its event and its line), never a TensorFlow traceback."""
+
+from pathlib import Path
+
+import keras
+import pytest
+import tensorflow as tf
+from helpers import TwoModels, dict_batches, tuple_batches
+
+import beatloop
+from beatloop import DataError, InputMismatchError, UserCodeError
+from beatloop.recipes.supervised import Supervised
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that ends with ``marker`` (a comment naming a line)."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if line.endswith(marker))
+
+
+def narrow_model(width: int = 32) -> keras.Model:
+    return keras.Sequential([keras.Input((width,)), keras.layers.Dense(10)])
+
+
+class Handed(Supervised):
+    """The supervised recipe, its model always handed to it (test recipe): it builds
+    none from the data's spec, so data of unknown width can reach the steps."""
+
+    name = "handed_test"
+    build_models = beatloop.Recipe.build_models
+
+
+def unknown_width(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` with the width of its ``x`` unknown to the spec, as a pipeline that
+    reshapes its data has it."""
+    return dataset.map(lambda x, y: (tf.reshape(x, [tf.shape(x)[0], -1]), y))
+
+
+# --- shapes and dtypes -------------------------------------------------------------------
+
+
+def test_a_model_of_another_width_is_named_before_the_first_step(small_digits):
+    train, _ = small_digits
+    with pytest.raises(InputMismatchError) as caught:
+        beatloop.fit("supervised", data=tuple_batches(train, 8), models={"model": narrow_model()})
+    error = caught.value
+    assert isinstance(error, DataError)
+    assert (error.model, error.input, error.key, error.data_set) == ("model", 0, "x", "training")
+    assert (error.expected, error.expected_dtype) == ((None, 32), "float32")
+    assert (error.found, error.found_dtype) == ((None, 64), "float32")
+    message = str(error)
+    assert message.startswith(
+        "recipe 'supervised': model 'model' expects input 0 of shape (None, 32) float32, "
+        "but the training data gives (None, 64) float32 (batch key 'x') — called from "
+    ), message
+    assert "supervised.py:" in message and 'in cross_entropy: logits = models["model"]' in message
+    assert error.__cause__ is None and error.__suppress_context__  # no traceback of Keras's
+
+
+def test_only_the_validation_data_not_fitting_is_named_validation(small_digits):
+    # The training pipeline leaves its width unknown (it is 32 when it runs), so
+    # check_split lets the validation data's 64 through: the validation step's trace
+    # finds the mismatch.
+    train, validation = small_digits
+    narrow = {"x": train["x"][:, :32], "y": train["y"]}
+    data = (unknown_width(tuple_batches(narrow, 8)), tuple_batches(validation, 8))
+    with pytest.raises(InputMismatchError) as caught:
+        beatloop.fit(Handed(), data=data, models={"model": narrow_model()})
+    error = caught.value
+    assert (error.data_set, error.expected, error.found) == ("validation", (None, 32), (None, 64))
+    assert "but the validation data gives (None, 64) float32 (batch key 'x')" in str(error)
+
+
+def test_a_mismatch_found_only_when_a_debug_step_runs_names_its_data_set(small_digits):
+    # Neither spec says the width: in debug mode the step runs eagerly and the check
+    # sees the batch's real shape; the training data fits, the validation data does not.
+    train, validation = small_digits
+    narrow = {"x": train["x"][:, :32], "y": train["y"]}
+    data = (unknown_width(tuple_batches(narrow, 50)), unknown_width(tuple_batches(validation, 40)))
+    with pytest.raises(InputMismatchError) as caught:
+        beatloop.fit(Handed(), data=data, models={"model": narrow_model()}, debug=True)
+    error = caught.value
+    assert (error.data_set, error.found, error.key) == ("validation", (40, 64), "x")
+    assert str(error).startswith(
+        "recipe 'handed_test': model 'model' expects input 0 of shape (None, 32) float32, but "
+        "the validation data gives (40, 64) float32 (batch key 'x')"
+    )
+
+
+def test_a_mismatch_found_while_lazy_models_are_built_shows_the_datas_shape(small_digits):
+    # Model "a" is built on a stand-in batch of one row; "b" declares 32 inputs. The
+    # shape reported is the data's, not the stand-in's (1, 64).
+    train, _ = small_digits
+    models = {
+        "a": keras.Sequential([keras.layers.Dense(1)]),
+        "b": keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)]),
+    }
+    with pytest.raises(InputMismatchError) as caught:
+        beatloop.fit(TwoModels(), data=dict_batches(train, 50), models=models)
+    error = caught.value
+    assert (error.model, error.expected, error.found) == ("b", (None, 32), (None, 64))
+    assert str(error).startswith(
+        "recipe 'two_models_test': model 'b' expects input 0 of shape (None, 32) float32, "
+        "but the training data gives (None, 64) float32 (batch key 'x') — called from "
+        "tests/helpers.py:"
+    ), str(error)
+
+
+class Subclassed(keras.Model):
+    """A model that declares no inputs: Keras finds the mismatch inside it."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.dense = keras.layers.Dense(10)
+        self(tf.zeros([1, width]))
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_a_model_without_declared_inputs_is_reported_with_keras_words(small_digits):
+    train, _ = small_digits
+    with pytest.raises(InputMismatchError) as caught:
+        beatloop.fit("supervised", data=tuple_batches(train, 8), models={"model": Subclassed(32)})
+    error = caught.value
+    assert (error.model, error.input, error.expected, error.found) == ("model", 0, None, (None, 64))
+    assert error.data_set == "training" and isinstance(error.original, ValueError)
+    message = str(error)
+    assert message.startswith(
+        "recipe 'supervised': model 'model' does not fit input 0 of shape (None, 64) float32 "
+        "that the training data gives (batch key 'x'); it declares no input shape"
+    ), message
+    assert "expected axis -1 of input shape to have value 32" in message  # Keras's words
+    assert "Arguments received" not in message and "\x1b" not in message
+    assert "supervised.py:" in message
+
+
+def test_strings_for_numbers_are_named(small_digits):
+    train, _ = small_digits
+    text = train["x"].astype(str)
+    data = tf.data.Dataset.from_tensor_slices((text, train["y"])).batch(8)
+    with pytest.raises(InputMismatchError) as caught:
+        beatloop.fit("supervised", data=data)
+    error = caught.value
+    assert (error.expected, error.expected_dtype) == ((None, 64), "float32")
+    assert (error.found, error.found_dtype) == ((None, 64), "string")
+    assert "expects input 0 of shape (None, 64) float32, but the training data gives " in str(error)
+
+
+def test_keras_own_rank_rules_still_hold(small_digits):
+    # A trailing dimension of 1 may be added or dropped, as Keras does: no error.
+    train, _ = small_digits
+    model = keras.Sequential([keras.Input((64, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    result = beatloop.fit("supervised", data=tuple_batches(train, 50), models={"model": model})
+    assert result.steps == 4
+
+
+class ArithmeticBug(Supervised):
+    """The supervised recipe with a bug of the loss's own (test recipe)."""
+
+    name = "arithmetic_bug_test"
+
+    def cross_entropy(self, models, batch):
+        logits = models["model"](batch["x"])
+        return tf.reduce_mean(logits) + "1"  # the loss's own bug
+
+
+def test_a_bug_in_a_loss_stays_a_user_code_error(small_digits):
+    train, _ = small_digits
+    with pytest.raises(UserCodeError) as caught:
+        beatloop.fit(ArithmeticBug(), data=tuple_batches(train, 8))
+    assert not isinstance(caught.value, DataError)
+    assert f"test_mismatch.py:{line_of('# the loss' + chr(39) + 's own bug')}" in str(caught.value)
