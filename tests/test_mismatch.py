@@ -8,9 +8,10 @@ import keras
 import pytest
 import tensorflow as tf
 from helpers import TwoModels, dict_batches, tuple_batches
+from tensorflow.python.framework import config as tf_config
 
 import beatloop
-from beatloop import DataError, InputMismatchError, UserCodeError
+from beatloop import DataError, InputMismatchError, LabelRangeError, UserCodeError
 from beatloop.recipes.supervised import Supervised
 
 
@@ -173,3 +174,143 @@ def test_a_bug_in_a_loss_stays_a_user_code_error(small_digits):
         beatloop.fit(ArithmeticBug(), data=tuple_batches(train, 8))
     assert not isinstance(caught.value, DataError)
     assert f"test_mismatch.py:{line_of('# the loss' + chr(39) + 's own bug')}" in str(caught.value)
+
+
+# --- labels ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["kernel", "deterministic"])
+def label_wording(request):
+    """TensorFlow's two wordings of a label out of range: its kernel's, and (op
+    determinism on, as after any seeded fit) the gather that replaces it."""
+    was = tf_config.is_op_determinism_enabled()
+    if request.param == "deterministic":
+        tf_config.enable_op_determinism()
+    else:
+        tf_config.disable_op_determinism()
+    yield request.param
+    if was:
+        tf_config.enable_op_determinism()
+    else:
+        tf_config.disable_op_determinism()
+
+
+def with_label(arrays, index: int, value: int):
+    labels = arrays["y"].copy()
+    labels[index] = value
+    return {"x": arrays["x"], "y": labels}
+
+
+@pytest.mark.parametrize("data_set", ["training", "validation"])
+@pytest.mark.parametrize("label", [15, -1])
+def test_a_label_out_of_range_names_the_label_the_key_and_the_classes(
+    small_digits, label_wording, data_set, label
+):
+    train, validation = small_digits
+    if data_set == "training":
+        train = with_label(train, 5, label)
+    else:
+        validation = with_label(validation, 7, label)
+    with pytest.raises(LabelRangeError) as caught:
+        beatloop.fit("supervised", data=(tuple_batches(train, 50), tuple_batches(validation, 50)))
+    error = caught.value
+    assert isinstance(error, DataError)
+    assert (error.label, error.limit, error.keys) == (label, 10, ("y",))
+    assert (error.field, error.classes, error.data_set) == ("classes", 10, data_set)
+    assert isinstance(error.original, tf.errors.InvalidArgumentError)
+    assert error.__suppress_context__ and error.__cause__ is None
+    head = (
+        f"recipe 'supervised': the {data_set} data has label {label} in 'y', outside [0, 10) "
+        "— the config field classes is 10; "
+    )
+    fix = "fix the labels or set classes (--set classes=16)"
+    assert str(error) == head + (fix if label > 0 else "class labels count from 0: fix the labels")
+
+
+def test_a_label_beyond_a_supplied_models_classes_names_both(small_digits):
+    train, _ = small_digits
+    data = tuple_batches(with_label(train, 3, 12), 50)
+    with pytest.raises(LabelRangeError) as caught:
+        beatloop.fit(
+            "supervised", data=data, config={"classes": 16}, models={"model": narrow_model(64)}
+        )
+    assert str(caught.value) == (
+        "recipe 'supervised': the training data has label 12 in 'y', outside [0, 10) — the "
+        "config field classes is 16, but the model gives 10 classes; fix the labels or the model"
+    )
+
+
+def test_a_multitask_label_out_of_range_names_the_tasks_field(small_digits):
+    train, _ = small_digits
+    data = dict_batches(with_label(train, 0, 11), 50)
+    with pytest.raises(LabelRangeError) as caught:
+        beatloop.fit("multitask", data=data)
+    assert str(caught.value) == (
+        "recipe 'multitask': the training data has label 11 in 'y', outside [0, 10) — its "
+        "classes come from the config field tasks, which is ('digit', 'ink'); fix the labels "
+        "or change tasks"
+    )
+
+
+def test_the_declared_label_keys():
+    assert beatloop.make_recipe("supervised").label_classes() == {"y": "classes"}
+    assert beatloop.make_recipe("risk_weighted").label_classes() == {"y": "classes"}
+    tasks = {"tasks": ("digit", "parity=classification:2", "ink")}
+    assert beatloop.make_recipe("multitask", tasks).label_classes() == {
+        "y": "tasks",
+        "parity": "tasks",
+    }
+    assert beatloop.make_recipe("gan").label_classes() == {}
+
+
+# --- the data pipeline ----------------------------------------------------------------------
+
+
+def test_an_exception_in_the_data_pipeline_names_its_line(small_digits):
+    train, _ = small_digits
+
+    def broken(x):
+        raise ValueError("no such image")  # pipeline raises here
+
+    def load(x, y):
+        x = tf.py_function(broken, [x], tf.float32)
+        x.set_shape([64])
+        return x, y
+
+    data = tf.data.Dataset.from_tensor_slices((train["x"], train["y"])).map(load).batch(8)
+    with pytest.raises(DataError) as caught:
+        beatloop.fit("supervised", data=data)
+    message = str(caught.value)
+    assert message.startswith(
+        "recipe 'supervised': the training data pipeline failed: ValueError: no such image — at "
+    ), message
+    assert f"test_mismatch.py:{line_of('# pipeline raises here')} in broken" in message
+    assert isinstance(caught.value.original, tf.errors.OpError)
+
+
+def op_types(engine) -> list[str]:
+    """Every op type in the training loop's one-step graph, its nested functions' too."""
+    graph_def = engine.train_loop._one.graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return sorted(node.op for node in nodes)
+
+
+def test_the_checks_add_no_op_to_the_compiled_step(small_digits, monkeypatch):
+    # The label keys are read only when a step fails, and the input checks run in
+    # Python when the step is traced: without either, the step's graph is the same.
+    from beatloop.core import forward
+    from beatloop.core.batches import as_data_split
+
+    train, _ = small_digits
+
+    class Undeclared(Supervised):
+        name = "undeclared_test"
+
+        def label_classes(self):
+            return {}
+
+    data = as_data_split(tuple_batches(train, 50))
+    checked = op_types(beatloop.Engine(Supervised(), data))
+    monkeypatch.setattr(forward, "check_inputs", lambda *args: None)
+    unchecked = op_types(beatloop.Engine(Undeclared(), data))
+    assert checked == unchecked and checked.count("MatMul") >= 2  # the model is in it

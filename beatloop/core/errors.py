@@ -121,6 +121,54 @@ class MismatchFound(Exception):
         self.error = error
 
 
+class LabelRangeError(DataError):
+    """A class label outside ``[0, classes)``, found when a step runs.
+
+    Attributes: ``label`` (the value TensorFlow reported), ``limit`` (the number of
+    classes the loss had: labels must lie in ``[0, limit)``), ``keys`` (the batch keys it
+    can be in: the recipe's label keys with that many classes), ``field`` and ``classes``
+    (the config field giving their number of classes, and its value), ``data_set``,
+    ``recipe`` and ``original`` (TensorFlow's error).
+    """
+
+    def __init__(
+        self,
+        label: int,
+        limit: int,
+        *,
+        keys: tuple[str, ...] = (),
+        field: str | None = None,
+        classes: object = None,
+        data_set: str = "training",
+        recipe: str | None = None,
+        original: BaseException | None = None,
+    ):
+        self.label, self.limit, self.keys = label, limit, keys
+        self.field, self.classes = field, classes
+        self.data_set, self.recipe, self.original = data_set, recipe, original
+        head = f"{recipe}: " if recipe else ""
+        where = f" in {' or '.join(repr(k) for k in keys)}" if keys else ""
+        message = f"{head}the {data_set} data has label {label}{where}, outside [0, {limit})"
+        counted = isinstance(classes, int) and not isinstance(classes, bool)
+        if field is not None and counted:
+            message += f" — the config field {field} is {classes}"
+            if classes != limit:
+                message += f", but the model gives {limit} classes"
+        elif field is not None:
+            message += f" — its classes come from the config field {field}, which is {classes!r}"
+        if label < 0:
+            message += "; class labels count from 0: fix the labels"
+        elif field is not None and counted and classes == limit:
+            message += f"; fix the labels or set {field} (--set {field}={label + 1})"
+        elif field is not None and counted:
+            message += "; fix the labels or the model"
+        elif field is not None:
+            message += f"; fix the labels or change {field}"
+        else:
+            message += "; fix the labels or the number of classes"
+        super().__init__(message)
+
+
 def _shape_text(shape: tuple) -> str:
     """``(None, 64)``; a shape of unknown rank reads ``(unknown rank)``."""
     return "(unknown rank)" if shape is None else str(tuple(shape))
