@@ -288,6 +288,74 @@ def test_an_exception_in_the_data_pipeline_names_its_line(small_digits):
     assert isinstance(caught.value.original, tf.errors.OpError)
 
 
+# --- callbacks ------------------------------------------------------------------------------
+
+
+class Exploding(beatloop.Callback):
+    def on_epoch_end(self, run, epoch, logs):
+        raise ValueError(f"no figure for epoch {epoch}")  # callback raises here
+
+
+class Watching(beatloop.Callback):
+    """Records the exception ``on_exception`` receives."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_exception(self, run, error):
+        self.seen.append(error)
+
+
+class Stopping(beatloop.Callback):
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def on_epoch_end(self, run, epoch, logs):
+        raise self.error
+
+
+def test_a_failing_callback_is_named_with_its_event_and_line(small_digits):
+    train, _ = small_digits
+    watching = Watching()
+    with pytest.raises(UserCodeError) as caught:
+        beatloop.fit("supervised", data=tuple_batches(train, 50), callbacks=[Exploding(), watching])
+    error = caught.value
+    line = line_of("# callback raises here")
+    assert str(error).startswith(
+        "callback 'Exploding' in on_epoch_end failed: ValueError: no figure for epoch 0\n"
+        f"  at tests/test_mismatch.py:{line} in on_epoch_end: raise ValueError("
+    ), str(error)
+    assert type(error.__cause__) is ValueError and error.__cause__ is error.original
+    assert watching.seen == [error]  # on_exception sees what the run raises
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [beatloop.ConfigError("stop: a beatloop error on purpose"), SystemExit(3), KeyboardInterrupt()],
+    ids=["beatloop-error", "system-exit", "keyboard-interrupt"],
+)
+def test_beatloops_own_errors_and_exits_from_callbacks_pass_unchanged(small_digits, raised):
+    train, _ = small_digits
+    watching = Watching()
+    with pytest.raises(type(raised)) as caught:
+        beatloop.fit(
+            "supervised", data=tuple_batches(train, 50), callbacks=[Stopping(raised), watching]
+        )
+    if isinstance(raised, KeyboardInterrupt):  # Ctrl-C: the run stops as it does for one
+        assert watching.seen and isinstance(watching.seen[0], KeyboardInterrupt)
+    else:
+        assert caught.value is raised and watching.seen == [raised]
+
+
+def test_callbacks_of_beatloops_own_pass_their_errors_unchanged():
+    from beatloop.core.callbacks import reported
+    from beatloop.plugins.callbacks import History
+
+    error = OSError("disk full")
+    assert reported(error, History(), "epoch_end") is error
+    assert isinstance(reported(error, Exploding(), "epoch_end"), UserCodeError)
+
+
 def op_types(engine) -> list[str]:
     """Every op type in the training loop's one-step graph, its nested functions' too."""
     graph_def = engine.train_loop._one.graph.as_graph_def()
