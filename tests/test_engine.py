@@ -15,7 +15,7 @@ from helpers import (
 )
 
 import beatloop
-from beatloop import Callback, ClipByValue, Schedule
+from beatloop import Callback, ClipByValue, Schedule, UserCodeError
 from beatloop.core.batches import as_data_split
 from beatloop.core.engine import Engine, EngineOptions
 
@@ -165,9 +165,11 @@ def test_exception_event_fires_and_error_propagates(small_digits):
             errors.append(error)
 
     engine = engine_for(tuple_batches(train, 32), callbacks=[Stopper()])
-    with pytest.raises(RuntimeError, match="stop here"):
+    with pytest.raises(UserCodeError, match="callback 'Stopper' in on_execution_end failed: Run"):
         engine.fit(1)
-    assert len(errors) == 1 and str(errors[0]) == "stop here"
+    # on_exception sees the error the run raises; the callback's own is its cause
+    assert len(errors) == 1 and isinstance(errors[0], UserCodeError)
+    assert type(errors[0].__cause__) is RuntimeError and str(errors[0].__cause__) == "stop here"
 
 
 def test_stop_training_ends_after_the_epoch(small_digits):

@@ -12,7 +12,7 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit, check_split
+from beatloop.core.batches import DataSplit, batch_shapes, check_split
 from beatloop.core.beats import Group
 from beatloop.core.binding import BoundSchedule, bind
 from beatloop.core.callbacks import Callback
@@ -21,6 +21,7 @@ from beatloop.core.errors import (
     BeatloopError,
     ConfigError,
     DataError,
+    InputMismatchError,
     UserCodeError,
     did_you_mean,
 )
@@ -28,7 +29,7 @@ from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import DivergenceGuard
-from beatloop.core.op_errors import batch_shapes, failure_message
+from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
@@ -79,11 +80,13 @@ def assemble(
         random = tf.random.Generator.from_seed(seed)
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
-            _build_unbuilt(recipe, built_models, spec, random, label)
+            with data_errors("training", label):  # models meet the training data here
+                _build_unbuilt(recipe, built_models, spec, random, label)
         built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
-        bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
+        with data_errors("training", label):
+            bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
         beat_names = [beat.name for beat in bound.beats]
         last_logged = [beat.name for beat in bound.beats if beat.log == "last"]
         train_metrics = StepMetrics(
@@ -96,11 +99,11 @@ def assemble(
         if options.divergence is None
         else DivergenceGuard(bound.beats, options.divergence, options.divergence_window)
     )
-    with in_recipe(label, spec):  # the loops are traced here: a recipe's mistakes show now
-        train_loop, validation_loop = _loops(
-            recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
-            divergence,
-        )  # fmt: skip
+    # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
+    train_loop, validation_loop = _loops(
+        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
+        label, divergence,
+    )  # fmt: skip
     return RunParts(
         recipe=recipe,
         label=label,
@@ -117,10 +120,11 @@ def assemble(
 
 
 def _loops(
-    recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
+    recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy, label,
     divergence=None,
 ):  # fmt: skip
-    """The compiled training loop and, with validation data, the validation loop."""
+    """The compiled training loop and, with validation data, the validation loop, each
+    traced on its own data set's spec (errors name the recipe ``label`` and the data)."""
     common = {
         "compiled": not options.debug,
         "jit_compile": options.jit_compile,
@@ -130,23 +134,24 @@ def _loops(
         bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy,
         divergence=divergence,
     )  # fmt: skip
-    train_loop = CompiledLoop(
-        train_step,
-        options.steps_per_execution,
-        data.train.element_spec,
-        checks=len(bound.beats),
-        divergence=divergence,
-        counters=counters,
-        **common,
-    )
+    with data_errors("training", label), in_recipe(label, data.train.element_spec):
+        train_loop = CompiledLoop(
+            train_step,
+            options.steps_per_execution,
+            data.train.element_spec,
+            checks=len(bound.beats),
+            divergence=divergence,
+            counters=counters,
+            **common,
+        )
     if data.validation is None:
         return train_loop, None
     validation_step = ValidationStep(
         bound, validation_metrics, recipe.update_metrics, strategy=strategy
     )
-    validation_loop = CompiledLoop(
-        validation_step, options.steps_per_execution, data.validation.element_spec, **common
-    )
+    spec = data.validation.element_spec
+    with data_errors("validation", label), in_recipe(label, spec):
+        validation_loop = CompiledLoop(validation_step, options.steps_per_execution, spec, **common)
     return train_loop, validation_loop
 
 
@@ -259,6 +264,10 @@ def _build_unbuilt(
                 forward(function, entry.name, models, frozenset(), (), batch, random)
         except UserCodeError as error:
             raise error.in_recipe(label, batch_shapes(spec)) from error.original
+        except InputMismatchError as error:  # found on the zero batch: show the data's shape
+            shape = spec[error.key].shape if error.key in spec else None
+            found = None if shape is None or shape.rank is None else tuple(shape.as_list())
+            raise error.completed(found=found) from None
         except BeatloopError:
             raise
         except Exception as error:  # a user's model meeting the data: say which, briefly

@@ -144,6 +144,11 @@ def _validation_mismatches(train: Mapping, validation: Mapping) -> list[str]:
     return problems
 
 
+def batch_shapes(spec: Mapping) -> str:
+    """``{x: (None, 64) float32, ...}``: the shapes and dtypes of a batch spec."""
+    return "{" + ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items()) + "}"
+
+
 def leading_dimension(batch: Mapping[str, tf.Tensor]) -> tf.Tensor:
     """The number of examples in a batch: the first dimension of its first tensor."""
     first = batch[next(iter(sorted(batch)))]

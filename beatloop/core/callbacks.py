@@ -14,6 +14,13 @@ An event method can be *filtered* (as Ignite's ``Events.X(every=N)``): decorated
 first execution end at or past every N-th step (``on_execution_end``); ``@when(once=N)``
 runs it once, at epoch N or at the first execution end at or past step N. An instance
 may set its own ``filters`` mapping (event name -> :class:`EventFilter`).
+
+An exception a callback's event method raises reaches the user as a
+:class:`~beatloop.core.errors.UserCodeError` naming the callback, the event and the
+callback's own line, the original chained as its ``__cause__``. beatloop's own errors
+(raised on purpose, from any callback), ``KeyboardInterrupt`` (``RunInterrupted``) and
+``SystemExit`` pass unchanged, as does an error in one of beatloop's own callbacks
+that no user code is part of.
 """
 
 from __future__ import annotations
@@ -23,8 +30,15 @@ from typing import ClassVar
 
 import attrs
 
-from beatloop.core.errors import CallbackError, did_you_mean
+from beatloop.core.errors import (
+    BeatloopError,
+    CallbackError,
+    MismatchFound,
+    UserCodeError,
+    did_you_mean,
+)
 from beatloop.core.run import Run
+from beatloop.core.user_code import user_frame
 
 EVENTS = (
     "fit_start",
@@ -209,7 +223,7 @@ class CallbackList:
         self.callbacks = sorted(given, key=lambda callback: callback.order)
         self._listeners = {
             event: [
-                _listener(c, event)
+                (c, _listener(c, event))
                 for c in self.callbacks
                 if getattr(type(c), f"on_{event}") is not getattr(Callback, f"on_{event}")
             ]
@@ -217,8 +231,13 @@ class CallbackList:
         }
 
     def fire(self, event: str, *args) -> None:
-        for listener in self._listeners[event]:
-            listener(*args)
+        """Call every listener of ``event``, in order; an exception from one is raised
+        as :func:`reported` makes it."""
+        for callback, listener in self._listeners[event]:
+            try:
+                listener(*args)
+            except Exception as error:
+                raise reported(error, callback, event)  # noqa: B904 (chained there)
 
     def _keyed(self) -> dict[str, Callback]:
         """Each callback under its class path and its rank among callbacks of its class."""
@@ -239,6 +258,32 @@ class CallbackList:
         for key, callback in self._keyed().items():
             if key in states:
                 callback.restore_state(states[key])
+
+
+def reported(error: Exception, callback: Callback, event: str) -> Exception:
+    """The exception to raise for ``error`` from ``callback``'s ``on_<event>``: itself
+    when it is beatloop's (raised on purpose), or when it comes from one of beatloop's
+    own callbacks and no line of user code is in its traceback; the data mismatch it
+    carries; else a UserCodeError naming the callback, the event and the callback's
+    line, caused by it."""
+    if isinstance(error, BeatloopError):
+        return error
+    at = user_frame(error)
+    if isinstance(error, MismatchFound):  # a callback calling a model through ModelCalls
+        mismatch = error.error.completed(at=at)
+        mismatch.__suppress_context__ = True
+        return mismatch
+    if at is None and _beatloops_own(callback):
+        return error
+    named = UserCodeError(f"callback {type(callback).__name__!r} in on_{event}", error, at=at)
+    named.__suppress_context__ = True
+    return named
+
+
+def _beatloops_own(callback: Callback) -> bool:
+    """Whether ``callback``'s class is one of beatloop's (its recipes' count as user code)."""
+    module = type(callback).__module__
+    return module.startswith("beatloop.") and not module.startswith("beatloop.recipes.")
 
 
 def _listener(callback: Callback, event: str):

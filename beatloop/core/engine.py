@@ -24,7 +24,7 @@ from beatloop.core.errors import ConfigError, DataError
 from beatloop.core.metrics import LazyLogs
 from beatloop.core.op_errors import data_errors
 from beatloop.core.options import EngineOptions
-from beatloop.core.recipe import Recipe
+from beatloop.core.recipe import Recipe, label_settings
 from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
 from beatloop.core.stream import DataStream, epoch_length
@@ -64,6 +64,7 @@ class Engine:
             raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
         self.parts = parts
         self.options = options
+        self._labels = label_settings(recipe)  # read only when a label is out of range
         self.stream = DataStream(data, parts.counters, strategy)
         self.callbacks = CallbackList([*callbacks, *parts.callbacks])
         self.recovery = Recovery(
@@ -182,7 +183,10 @@ class Engine:
             if target is not None:
                 limit = min(limit, target - done)
             self.callbacks.fire("execution_start", run)
-            with data_errors("training"), in_recipe(self.parts.label):
+            with (
+                data_errors("training", self.parts.label, self._labels),
+                in_recipe(self.parts.label),
+            ):
                 result = self.stream.train(self.parts.train_loop, limit)
             if result.faulted:
                 self.recovery.recover(result, self.parts.bound.beats)
@@ -204,7 +208,7 @@ class Engine:
         run = run or self.run
         self.parts.validation_metrics.reset()
         self.callbacks.fire("validation_start", run)
-        with data_errors("validation"), in_recipe(self.parts.label):
+        with data_errors("validation", self.parts.label, self._labels), in_recipe(self.parts.label):
             self.stream.validate(self.parts.validation_loop, self.options.steps_per_execution)
         if not self._fitting:
             self.stream.wait()

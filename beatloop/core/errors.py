@@ -42,6 +42,154 @@ class DataError(BeatloopError, ValueError):
     exit_code = 3
 
 
+class InputMismatchError(DataError):
+    """A model called on data that does not fit it, found before the first step (when a
+    step is traced) or by Keras inside a model that declares no inputs.
+
+    Attributes: ``model`` (its name), ``input`` (its index, or its name for a dict of
+    inputs), ``expected`` and ``expected_dtype`` (the shape and dtype the model declares;
+    ``None`` when it declares none), ``found`` and ``found_dtype`` (what it was called
+    with), ``key`` (the batch key the tensor is, when the loss passed a batch entry as
+    it is), ``data_set`` (``"training"`` or ``"validation"``), ``recipe``, ``at`` (the
+    recipe's line that called the model), ``detail`` (what Keras said, for a model that
+    declares no inputs) and ``original`` (Keras's exception, if any).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        input: int | str,
+        found: tuple,
+        found_dtype: str,
+        *,
+        expected: tuple | None = None,
+        expected_dtype: str | None = None,
+        key: str | None = None,
+        data_set: str | None = None,
+        recipe: str | None = None,
+        at: str | None = None,
+        detail: str | None = None,
+        original: BaseException | None = None,
+    ):
+        self.model, self.input, self.found, self.found_dtype = model, input, found, found_dtype
+        self.expected, self.expected_dtype, self.key = expected, expected_dtype, key
+        self.data_set, self.recipe, self.at = data_set, recipe, at
+        self.detail, self.original = detail, original
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        head = f"{self.recipe}: " if self.recipe else ""
+        which = f"input {self.input}" if isinstance(self.input, int) else f"input {self.input!r}"
+        data = f"the {self.data_set} data" if self.data_set else "the data"
+        source = f" (batch key {self.key!r})" if self.key else ""
+        found = f"{_shape_text(self.found)} {self.found_dtype}"
+        if self.expected is not None:
+            expected = f"{_shape_text(self.expected)} {self.expected_dtype}"
+            message = (
+                f"{head}model {self.model!r} expects {which} of shape {expected}, "
+                f"but {data} gives {found}{source}"
+            )
+        else:
+            message = (
+                f"{head}model {self.model!r} does not fit {which} of shape {found} that "
+                f"{data} gives{source}; it declares no input shape (build it on a "
+                f"keras.Input to have the data checked against it), and Keras says: "
+                f"{self.detail}"
+            )
+        return message + (f" — called from {self.at}" if self.at else "")
+
+    def completed(
+        self,
+        *,
+        recipe: str | None = None,
+        data_set: str | None = None,
+        at: str | None = None,
+        found: tuple | None = None,
+    ) -> InputMismatchError:
+        """This error with what it does not know yet filled in (what it knows is kept);
+        ``found`` replaces the shape found (the data's spec, for a mismatch found on a
+        stand-in batch)."""
+        return InputMismatchError(
+            self.model,
+            self.input,
+            self.found if found is None else found,
+            self.found_dtype,
+            expected=self.expected,
+            expected_dtype=self.expected_dtype,
+            key=self.key,
+            data_set=self.data_set or data_set,
+            recipe=self.recipe or recipe,
+            at=self.at or at,
+            detail=self.detail,
+            original=self.original,
+        )
+
+
+class MismatchFound(Exception):
+    """Carries an :class:`InputMismatchError` from a model call out through the recipe's
+    code to :func:`~beatloop.core.user_code.call_user`, which adds the recipe's line.
+
+    Not a BeatloopError on purpose: autograph records the recipe's (converted) frames
+    only on exceptions that do not pass through it."""
+
+    def __init__(self, error: InputMismatchError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class LabelRangeError(DataError):
+    """A class label outside ``[0, classes)``, found when a step runs.
+
+    Attributes: ``label`` (the value TensorFlow reported), ``limit`` (the number of
+    classes the loss had: labels must lie in ``[0, limit)``), ``keys`` (the batch keys it
+    can be in: the recipe's label keys with that many classes), ``field`` and ``classes``
+    (the config field giving their number of classes, and its value), ``data_set``,
+    ``recipe`` and ``original`` (TensorFlow's error).
+    """
+
+    def __init__(
+        self,
+        label: int,
+        limit: int,
+        *,
+        keys: tuple[str, ...] = (),
+        field: str | None = None,
+        classes: object = None,
+        data_set: str = "training",
+        recipe: str | None = None,
+        original: BaseException | None = None,
+    ):
+        self.label, self.limit, self.keys = label, limit, keys
+        self.field, self.classes = field, classes
+        self.data_set, self.recipe, self.original = data_set, recipe, original
+        head = f"{recipe}: " if recipe else ""
+        where = f" in {' or '.join(repr(k) for k in keys)}" if keys else ""
+        message = f"{head}the {data_set} data has label {label}{where}, outside [0, {limit})"
+        counted = isinstance(classes, int) and not isinstance(classes, bool)
+        if field is not None and counted:
+            message += f" — the config field {field} is {classes}"
+            if classes != limit:
+                message += f", but the model gives {limit} classes"
+        elif field is not None:
+            message += f" — its classes come from the config field {field}, which is {classes!r}"
+        if label < 0:
+            message += "; class labels count from 0: fix the labels"
+        elif field is not None and counted and classes == limit:
+            message += f"; fix the labels or set {field} (--set {field}={label + 1})"
+        elif field is not None and counted:
+            message += "; fix the labels or the model"
+        elif field is not None:
+            message += f"; fix the labels or change {field}"
+        else:
+            message += "; fix the labels or the number of classes"
+        super().__init__(message)
+
+
+def _shape_text(shape: tuple) -> str:
+    """``(None, 64)``; a shape of unknown rank reads ``(unknown rank)``."""
+    return "(unknown rank)" if shape is None else str(tuple(shape))
+
+
 class ScheduleError(BeatloopError, ValueError):
     """A beat schedule that breaks the binding rules; lists every problem found at once."""
 

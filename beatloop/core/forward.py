@@ -8,12 +8,13 @@ can never disagree about what a beat's loss is.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator, Mapping
 
 import keras
 import tensorflow as tf
 
-from beatloop.core.errors import BeatloopError
+from beatloop.core.errors import BeatloopError, InputMismatchError, MismatchFound
 from beatloop.core.user_code import call_user
 
 
@@ -28,6 +29,15 @@ class ModelCalls(Mapping[str, Callable]):
     ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
     (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
     uninterrupted one would have.
+
+    A call is checked against the model's declared inputs (a functional or Sequential
+    model built on ``keras.Input``) before Keras runs it: an input of another rank,
+    another size in a known non-batch dimension, or strings for numbers (or the
+    reverse) is an :class:`~beatloop.core.errors.InputMismatchError` naming the model,
+    the input, both shapes and, when the tensor is one of ``batch``'s entries, its key.
+    For a model that declares no inputs, a shape error Keras raises inside it is
+    reported the same way. The checks run in Python when a step is traced: a compiled
+    step holds no op for them.
     """
 
     def __init__(
@@ -35,13 +45,16 @@ class ModelCalls(Mapping[str, Callable]):
         models: Mapping[str, keras.Layer],
         training: frozenset[str],
         random: tf.random.Generator | None = None,
+        batch: Mapping[str, tf.Tensor] | None = None,
     ):
         self._models = models
         self._training = training
         self._random = random
+        self._batch = batch
 
     def __getitem__(self, name: str) -> Callable:
-        return functools.partial(_call_in_float32, self._models[name], name in self._training)
+        model = self._models[name]
+        return functools.partial(_call_in_float32, model, name in self._training, name, self._batch)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._models)
@@ -71,15 +84,133 @@ class ModelCalls(Mapping[str, Callable]):
 _HALF = (tf.float16, tf.bfloat16)
 
 
-def _call_in_float32(model: keras.Layer, mode: bool, /, *args, **kwargs):
+def _call_in_float32(
+    model: keras.Layer, mode: bool, name: str = "model", batch=None, /, *args, **kwargs
+):
     """Call ``model`` in the beat's ``mode`` unless the call says ``training=`` itself;
     half-precision outputs (a mixed-precision model's) come back as float32, so losses
-    are computed and reduced in float32."""
+    are computed and reduced in float32. The inputs are checked first (see
+    :class:`ModelCalls`); ``name`` is the model's, ``batch`` the loss's batch."""
     kwargs.setdefault("training", mode)
-    outputs = model(*args, **kwargs)
+    given = args[0] if args else kwargs.get("inputs")
+    declared = declared_inputs(model)
+    if declared is not None:
+        check_inputs(name, declared, given, batch)
+    try:
+        outputs = model(*args, **kwargs)
+    except ValueError as error:
+        if declared is not None or not tf.is_tensor(given) or not _SHAPE_ERROR.search(str(error)):
+            raise
+        found = tf.TensorShape(given.shape)
+        mismatch = InputMismatchError(
+            name,
+            0,
+            None if found.rank is None else tuple(found.as_list()),
+            given.dtype.name,
+            key=_batch_key(given, batch),
+            detail=keras_message(error),
+            original=error,
+        )
+        raise MismatchFound(mismatch) from None
     return tf.nest.map_structure(
         lambda t: tf.cast(t, tf.float32) if getattr(t, "dtype", None) in _HALF else t, outputs
     )
+
+
+#: Shape errors from inside a model (Keras's input checks, TensorFlow's shape inference).
+_SHAPE_ERROR = re.compile(r"incompatible|Dimensions must be equal|shape", re.IGNORECASE)
+
+
+def declared_inputs(model: keras.Layer) -> list | None:
+    """The inputs a model declares (a functional or Sequential model's ``Input``s, or a
+    Sequential's once built), as Keras tensors; ``None`` for a model that declares none
+    (a subclassed model, a Sequential not yet built)."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not isinstance(inputs, list | tuple) or not inputs:
+        return None
+    if not all(hasattr(t, "shape") and hasattr(t, "dtype") for t in inputs):
+        return None
+    return list(inputs)
+
+
+def check_inputs(name: str, declared: list, given, batch=None) -> None:
+    """Raise (as :class:`MismatchFound`) the first of ``given``'s tensors that does not
+    fit the model's ``declared`` input, under Keras's own rules: the batch size is free,
+    and a last dimension of 1 may be added or dropped. A structure that cannot be
+    matched with the declared inputs is left to Keras."""
+    for index, expected, tensor in _paired(declared, given):
+        expected_shape = tuple(expected.shape)
+        found = tf.TensorShape(tensor.shape)
+        expected_dtype = tf.as_dtype(expected.dtype)
+        strings = (expected_dtype == tf.string) != (tensor.dtype == tf.string)
+        if not strings and _fits(expected_shape, found):
+            continue
+        raise MismatchFound(
+            InputMismatchError(
+                name,
+                index,
+                None if found.rank is None else tuple(found.as_list()),
+                tensor.dtype.name,
+                expected=(None, *expected_shape[1:]) if expected_shape else (),
+                expected_dtype=expected_dtype.name,
+                key=_batch_key(tensor, batch),
+            )
+        )
+
+
+def _paired(declared: list, given) -> list[tuple[int | str, object, tf.Tensor]]:
+    """``(input, declared input, tensor given)`` for each tensor of a call that can be
+    matched with a declared input: a lone tensor, a list or tuple of them in order, or a
+    dict of them by input name."""
+    if tf.is_tensor(given):
+        return [(0, declared[0], given)] if len(declared) == 1 else []
+    if isinstance(given, Mapping):
+        names = [getattr(t, "name", None) for t in declared]
+        if all(n in given and tf.is_tensor(given[n]) for n in names):
+            return [(n, t, given[n]) for n, t in zip(names, declared, strict=True)]
+        return []
+    matched = isinstance(given, list | tuple) and len(given) == len(declared)
+    if matched and all(tf.is_tensor(t) for t in given):
+        return list(zip(range(len(given)), declared, given, strict=True))
+    return []
+
+
+def _fits(expected: tuple, found: tf.TensorShape) -> bool:
+    """Whether a tensor of shape ``found`` fits a declared input of shape ``expected``
+    as Keras takes it: any batch size, a trailing 1 added or dropped, unknown dimensions
+    fitting any size."""
+    if found.rank is None or not expected:
+        return True
+    want, got = list(expected[1:]), found.as_list()[1:]
+    if found.rank == len(expected) + 1 and got and got[-1] == 1:
+        got = got[:-1]
+    elif found.rank == len(expected) - 1 and want and want[-1] == 1:
+        want = want[:-1]
+    if found.rank == 0 or len(want) != len(got):
+        return False
+    return all(w is None or g is None or w == g for w, g in zip(want, got, strict=True))
+
+
+def _batch_key(tensor, batch) -> str | None:
+    """The key of ``batch`` whose value ``tensor`` is (the loss passed it as it is)."""
+    for key, value in (batch or {}).items():
+        if value is tensor:
+            return key
+    return None
+
+
+def keras_message(error: BaseException) -> str:
+    """What Keras said, on one line: without its "Exception encountered when calling"
+    preamble, the arguments it lists and its terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    text = text.split("Arguments received by")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("Exception encountered when")]
+    detail = " ".join(lines)
+    return detail if len(detail) <= 500 else detail[:500] + "..."
 
 
 def split_loss_output(result, beat_name: str) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
@@ -119,7 +250,8 @@ def forward(
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    result = call_user(loss_fn, "loss", beat_name, ModelCalls(models, training, random), batch)
+    calls = ModelCalls(models, training, random, batch)
+    result = call_user(loss_fn, "loss", beat_name, calls, batch)
     return regularised_loss(result, beat_name, regularised)
 
 
@@ -132,7 +264,7 @@ def shared_forward(
     random: tf.random.Generator | None = None,
 ):
     """Run a group's forward function once: the outputs each of its beats' losses take."""
-    calls = ModelCalls(models, training, random)
+    calls = ModelCalls(models, training, random, batch)
     return call_user(forward_fn, "forward", f"group {group_name!r}", calls, batch)
 
 

@@ -1,5 +1,13 @@
 """TensorFlow errors turned into beatloop's: a data problem found while a step runs, or
-while a recipe's losses first meet the data, becomes one readable :class:`DataError`."""
+while a recipe's losses first meet the data, becomes one readable :class:`DataError`.
+
+:func:`data_errors` names the data set (training or validation) and the recipe: in a
+model input that does not fit (:class:`~beatloop.core.errors.InputMismatchError`, found
+when a step is traced), a class label out of range
+(:class:`~beatloop.core.errors.LabelRangeError`, read from TensorFlow's error: the
+compiled step holds no extra op for it), an exception in the data pipeline (its Python
+exception and line, when it has them) and any other op error a batch causes.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +17,116 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from beatloop.core.errors import DataError
+from beatloop.core.batches import batch_shapes
+from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError
+from beatloop.core.user_code import own_frame
+
+#: A recipe's label keys: batch key -> (the config field giving its number of classes,
+#: that field's value). See :meth:`beatloop.core.recipe.Recipe.label_classes`.
+LabelClasses = Mapping[str, tuple[str, object]]
+
+# TensorFlow's words for a label out of range: the kernel's own, and (with op
+# determinism on) the gather that replaces it.
+_LABEL_VALUE = re.compile(
+    r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)"
+)
+_INDEX_VALUE = re.compile(r"indices\[[^\]]*\] = (-?\d+) is not in \[0, (\d+)\)")
+_LABEL_OPS = re.compile(r"SparseSoftmaxCrossEntropyWithLogits")
+_PIPELINE = re.compile(r"\[\[(\{\{node )?IteratorGetNext")
+_PYTHON_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n([^\n]*)')
 
 
 @contextlib.contextmanager
-def data_errors(role: str):
-    """A TensorFlow error raised by the data in a step (a label out of range, a bad
-    cast) becomes one readable DataError naming the ``role`` (training, validation)."""
+def data_errors(role: str, label: str | None = None, classes: LabelClasses | None = None):
+    """Errors the ``role`` data set (training, validation) causes, as one readable
+    DataError naming it and the recipe ``label``: a model input that does not fit, a
+    class label out of range (``classes``: the recipe's label keys), an exception in
+    the data pipeline, another op error in a step. Other errors pass unchanged."""
     try:
         yield
-    except tf.errors.InvalidArgumentError as error:
-        raise DataError(f"a {role} step failed on its batch: {op_error_summary(error)}") from None
+    except InputMismatchError as error:
+        raise error.completed(recipe=label, data_set=role) from None
+    except tf.errors.OpError as error:
+        found = data_error(error, role, label, classes or {})
+        if found is None:
+            raise
+        raise found from None
+
+
+def data_error(
+    error: tf.errors.OpError, role: str, label: str | None, classes: LabelClasses
+) -> DataError | None:
+    """The DataError for an op error the ``role`` data set caused, or ``None`` for one
+    it did not (an error outside the data pipeline that is not an invalid argument).
+    TensorFlow's error is its ``original``."""
+    message = error.message or str(error)
+    found = label_error(message, role, label, classes)
+    if found is None:
+        head = f"{label}: " if label else ""
+        if _PIPELINE.search(message):
+            cause = python_failure(message) or f"{type(error).__name__}: {op_error_summary(error)}"
+            found = DataError(f"{head}the {role} data pipeline failed: {cause}")
+        elif isinstance(error, tf.errors.InvalidArgumentError):
+            found = DataError(f"{head}a {role} step failed on its batch: {op_error_summary(error)}")
+        else:
+            return None
+    found.original = error
+    return found
+
+
+def label_error(
+    message: str, role: str, label: str | None, classes: LabelClasses
+) -> LabelRangeError | None:
+    """A label out of range, read from TensorFlow's ``message`` (either wording), named
+    by the recipe's label keys ``classes`` of that many classes; ``None`` for another
+    error."""
+    found = _LABEL_VALUE.search(message)
+    if found is None and _LABEL_OPS.search(message):
+        found = _INDEX_VALUE.search(message)
+    if found is None:
+        return None
+    value, limit = int(found[1]), int(found[2])
+    keys = _label_keys(classes, limit)
+    fields = {classes[key][0] for key in keys}
+    field, setting = classes[keys[0]] if len(fields) == 1 else (None, None)
+    return LabelRangeError(
+        value, limit, keys=tuple(keys), field=field, classes=setting, data_set=role, recipe=label
+    )
+
+
+def _label_keys(classes: LabelClasses, limit: int) -> list[str]:
+    """The label keys the bad label can be in: those with ``limit`` classes, else those
+    whose number of classes is not a plain count, else all of them."""
+
+    def counted(setting) -> bool:
+        return isinstance(setting, int) and not isinstance(setting, bool)
+
+    for keep in (
+        lambda n: counted(n) and n == limit,
+        lambda n: not counted(n),
+        lambda n: True,
+    ):
+        keys = [key for key, (_, setting) in classes.items() if keep(setting)]
+        if keys:
+            return keys
+    return []
+
+
+def python_failure(message: str) -> str | None:
+    """``Type: message — at file:line in function: code`` of a Python exception whose
+    traceback an op error carries (a ``tf.py_function`` in a data pipeline), naming the
+    innermost line of the user's own code; ``None`` when it carries none."""
+    start = message.find("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    text = message[start:].split("\n\t [[")[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    frames = [
+        (file, int(line), function, code.strip() or None)
+        for file, line, function, code in _PYTHON_FRAME.findall(text)
+    ]
+    at = own_frame(reversed(frames))
+    return lines[-1] + (f" — at {at}" if at else "")
 
 
 def op_error_summary(error: tf.errors.OpError) -> str:
@@ -30,11 +137,6 @@ def op_error_summary(error: tf.errors.OpError) -> str:
         cause = cause[:300] + "..."
     node = re.search(r"Detected at node (\S+)", message)
     return f"{cause} (in op {node.group(1)})" if node else cause
-
-
-def batch_shapes(spec: Mapping) -> str:
-    """``{x: (None, 64) float32, ...}``: the shapes and dtypes of a batch spec."""
-    return "{" + ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items()) + "}"
 
 
 def failure_message(label: str, what: str, spec: Mapping, error: Exception) -> str:

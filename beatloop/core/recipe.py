@@ -52,7 +52,8 @@ class Recipe(abc.ABC):
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
     by name, built for batches of that spec; without it every run passes ``models=``),
     ``supplied_models`` (models the user supplies, see :class:`SuppliedModel`),
-    ``batch_keys`` (key -> minimum rank), ``quality_figure``, ``build_metrics()`` and
+    ``batch_keys`` (key -> minimum rank), ``label_classes()`` (label keys -> the config
+    field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
     for figures logged with each epoch.
@@ -132,6 +133,15 @@ class Recipe(abc.ABC):
         """Recipe-specific problems with a batch spec, beyond ``batch_keys``."""
         return []
 
+    def label_classes(self) -> Mapping[str, str]:
+        """The batch keys that hold class labels, each mapped to the name of the config
+        field that gives its number of classes (``{"y": "classes"}``); none by default.
+
+        Read only when a step fails on a label outside ``[0, classes)``: the error then
+        names the label, the key and the field (and what to set it to). A step holds no
+        op for it."""
+        return {}
+
     def epoch_figures(self, run: Run) -> Mapping[str, float]:
         """Figures computed eagerly at each epoch's end, after validation, and logged
         with the epoch (e.g. a sample-quality score); none by default. A shorthand for a
@@ -167,6 +177,15 @@ def defines(recipe: Recipe | type[Recipe], method: str) -> bool:
     inheriting :class:`Recipe`'s (e.g. the optional ``default_data``, ``build_models``)."""
     cls = recipe if isinstance(recipe, type) else type(recipe)
     return getattr(cls, method) is not getattr(Recipe, method)
+
+
+def label_settings(recipe: Recipe) -> dict[str, tuple[str, object]]:
+    """The recipe's label keys (:meth:`Recipe.label_classes`), each with its config
+    field and that field's value in this recipe's config."""
+    return {
+        key: (field, getattr(recipe.config, field, None))
+        for key, field in recipe.label_classes().items()
+    }
 
 
 def recipe_callbacks(recipe: Recipe) -> list[Callback]:

@@ -16,12 +16,12 @@ import os
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import tensorflow as tf
 
-from beatloop.core.errors import BeatloopError, UserCodeError
-from beatloop.core.op_errors import batch_shapes
+from beatloop.core.batches import batch_shapes
+from beatloop.core.errors import BeatloopError, MismatchFound, UserCodeError
 
 #: Packages whose frames are never the recipe's own (besides beatloop's machinery and
 #: the standard library).
@@ -43,8 +43,12 @@ def call_user(fn: Callable, what: str, beat: str | None, *args):
 
 
 def reported(error: Exception, function: str, beat: str | None) -> Exception:
-    """The exception to raise for ``error``: itself when it passes through, else a
-    UserCodeError caused by it."""
+    """The exception to raise for ``error``: itself when it passes through, the data
+    mismatch it carries (naming the recipe's line), else a UserCodeError caused by it."""
+    if isinstance(error, MismatchFound):
+        mismatch = error.error.completed(at=user_frame(error))
+        mismatch.__suppress_context__ = True
+        return mismatch
     if passes_through(error):
         return error
     return UserCodeError(function, error, beat=beat, at=user_frame(error))
@@ -78,7 +82,14 @@ def user_frame(error: BaseException) -> str | None:
     """``file:line in function: code`` of the innermost frame of the recipe's own code
     in ``error``'s traceback: not beatloop's machinery (its built-in recipes count as
     recipe code), TensorFlow, Keras, the standard library or code autograph generated."""
-    for filename, lineno, function, code in _frames(error):
+    return own_frame(_frames(error))
+
+
+def own_frame(frames: Iterable[tuple[str, int, str, str | None]]) -> str | None:
+    """``file:line in function: code`` of the first of ``frames`` (``(file, line,
+    function, code)``, innermost first) in the user's own code, as :func:`user_frame`
+    picks it."""
+    for filename, lineno, function, code in frames:
         if not _in_library(filename) and _GENERATED not in filename:
             shown = _shown_path(filename)
             return f"{shown}:{lineno} in {function}" + (f": {code.strip()}" if code else "")

@@ -154,6 +154,10 @@ class Multitask(Recipe):
         keys.update({t.target: 1 for t in self.tasks if t.target != "ink"})
         return keys
 
+    def label_classes(self) -> dict[str, str]:
+        # Each classification task's classes come from its entry in ``tasks``.
+        return {t.target: "tasks" for t in self.tasks if t.kind == "classification"}
+
     def default_data(self, seed: int) -> DataSplit:
         return data.digits(seed, self.config.batch_size)
 

@@ -78,6 +78,9 @@ class RiskWeighted(Recipe):
             data.batches(validation, self.config.batch_size),
         )
 
+    def label_classes(self) -> dict[str, str]:
+        return {"y": "classes"}  # out of range only matters with more than two classes
+
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
         outputs = 1 if self.binary else self.config.classes
         model = keras.Sequential(

@@ -68,6 +68,9 @@ class Supervised(Recipe):
             return [f"'y' must hold numeric class indices, found dtype {y.dtype.name}"]
         return []
 
+    def label_classes(self) -> dict[str, str]:
+        return {"y": "classes"}
+
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
         features = tuple(batch_spec["x"].shape[1:])
         layers = [keras.Input(shape=features)]
