@@ -24,7 +24,7 @@ from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.recipe import Recipe
 from beatloop.core.record import write_run_json
 from beatloop.core.result import FitResult
-from beatloop.core.run_dir import check_run_dir, create_run_dir
+from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 
@@ -119,11 +119,19 @@ def fit(
         callbacks=[history, *_run_callbacks(callbacks, run_path, progress)],
         run_dir=run_path, label=label, strategy=strategy,
     )  # fmt: skip
+    before = None
     if run_path is not None:
         engine.resume()
+        before = RunDirBefore(run_path)
         create_run_dir(run_path)  # the run starts: only now is anything written
         _write_run_json(run_path, engine, epochs)
-    engine.fit(epochs)
+    start = engine.run.step
+    try:
+        engine.fit(epochs)
+    except Exception:
+        if before is not None and engine.run.step == start:  # not one step done
+            before.put_back()
+        raise
     return _result(engine, history)
 
 

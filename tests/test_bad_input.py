@@ -437,3 +437,88 @@ def test_divergence_exits_4_naming_the_beat_value_and_median(tmp_path, capsys):
     assert code == 4
     assert_one_error_line(err, "beat 'loss' diverged: loss ")
     assert "above 10 times its running median" in err and "at step 2 (epoch 1)" in err
+
+
+# --- the Python API: the error's type, its words, and a run dir left as it was --------
+
+
+def _with_label(arrays, label):
+    labels = arrays["y"].copy()
+    labels[3] = label
+    return tf.data.Dataset.from_tensor_slices((arrays["x"], labels)).batch(50)
+
+
+API_CASES = {
+    "label 15": (lambda t: {"data": _with_label(t, 15)}, DataError, "has label 15 in 'y'"),
+    "label -1": (lambda t: {"data": _with_label(t, -1)}, DataError, "has label -1 in 'y'"),
+    "narrow model": (
+        lambda t: {
+            "data": tuple_batches(t, 50),
+            "models": {"model": keras.Sequential([keras.Input((32,)), keras.layers.Dense(10)])},
+        },
+        DataError,
+        "model 'model' expects input 0 of shape (None, 32) float32, but the training data "
+        "gives (None, 64) float32",
+    ),
+    "unbatched": (
+        lambda t: {"data": tf.data.Dataset.from_tensor_slices((t["x"], t["y"]))},
+        DataError,
+        "Call .batch(n)",
+    ),
+    "missing keys": (
+        lambda t: {"data": tf.data.Dataset.from_tensor_slices({"image": t["x"]}).batch(8)},
+        DataError,
+        "expects training batches with keys ['x', 'y']",
+    ),
+    "a NaN": (
+        lambda t: {"data": tuple_batches(t, 50), "config": {"learning_rate": 1e20}},
+        beatloop.NumericsError,
+        "beat 'loss' produced a non-finite loss (nan) at step 2",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(API_CASES))
+def test_api_failures_name_their_cause_and_leave_the_run_dir(case, small_digits, tmp_path):
+    arguments, error_type, fragment = API_CASES[case]
+    run_dir = tmp_path / "run"
+    with pytest.raises(error_type) as caught:
+        beatloop.fit("supervised", seed=0, run_dir=run_dir, **arguments(small_digits[0]))
+    assert fragment in str(caught.value)
+    assert error_type is beatloop.NumericsError or snapshot(run_dir) is None
+
+
+def test_a_recipe_without_metrics_trains_without_autograph_warnings(small_digits, caplog):
+    class NoMetrics(beatloop.Recipe):
+        """A recipe that defines no metrics: the base update_metrics runs."""
+
+        name = "no_metrics_test"
+        batch_keys = {"x": 2}
+
+        def build_optimizers(self):
+            return {"sgd": keras.optimizers.SGD(1e-4)}
+
+        def losses(self):
+            return {"square": lambda models, batch: tf.reduce_mean(models["m"](batch["x"]) ** 2)}
+
+        def schedule(self):
+            return beatloop.Schedule(beatloop.Beat(loss="square", optimizer="sgd", updates="m"))
+
+    data = tf.data.Dataset.from_tensor_slices({"x": small_digits[0]["x"]}).batch(50)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        result = beatloop.fit(NoMetrics(), data=data, models={"m": model}, seed=0, epochs=2)
+    assert result.history["square"][1] < result.history["square"][0]
+    assert not [r for r in caplog.records if "AutoGraph" in r.getMessage()]
+
+
+def test_a_resumed_run_failing_at_its_first_step_leaves_the_run_dir_as_it_was(
+    small_digits, tmp_path
+):
+    run_dir = tmp_path / "run"
+    beatloop.fit("supervised", data=tuple_batches(small_digits[0], 50), seed=0, run_dir=run_dir)
+    before = snapshot(run_dir)
+    with pytest.raises(DataError, match="has label 15 in 'y'"):
+        bad = _with_label(small_digits[0], 15)
+        beatloop.fit("supervised", data=bad, seed=0, run_dir=run_dir, epochs=2)
+    assert snapshot(run_dir) == before  # run.json as it was, no checkpoint added

@@ -3,7 +3,8 @@ starts, and every failed write there reported as one :class:`RunDirError`.
 
 A run that cannot start (bad data, a refused resume, a run dir that cannot be written)
 leaves the run dir exactly as it was: nothing is created or written before the checks
-pass and the run's parts are assembled.
+pass and the run's parts are assembled, and what a run wrote before it failed at its
+first step (a label out of range in the first batch) is taken back.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 from pathlib import Path
 
 from beatloop.core.errors import RunDirError
@@ -63,6 +65,34 @@ def check_run_dir(run_dir: Path) -> None:
     checkpoints = run_dir / "checkpoints"
     if checkpoints.exists() and not checkpoints.is_dir():
         raise RunDirError(f"{checkpoints} is a file, not the run's checkpoint folder; {advice}")
+
+
+class RunDirBefore:
+    """The run dir as it was before a run started: which paths existed, and ``run.json``'s
+    bytes. A run that fails before its first step puts it back with :meth:`put_back`, so
+    bad data or a bad model found at the first batch leaves no run dir behind, and a
+    resumed run's dir keeps its ``run.json``."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.existed = self.run_dir.is_dir()
+        self.paths = set(self.run_dir.rglob("*")) if self.existed else set()
+        run_json = self.run_dir / "run.json"
+        self.run_json = run_json.read_bytes() if run_json.is_file() else None
+
+    def put_back(self) -> None:
+        """Remove what the run added; restore ``run.json``."""
+        if not self.existed:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        added = [p for p in self.run_dir.rglob("*") if p not in self.paths]
+        for path in sorted(added, key=lambda p: len(p.parts), reverse=True):  # files first
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if self.run_json is not None:
+            (self.run_dir / "run.json").write_bytes(self.run_json)
 
 
 def create_run_dir(run_dir: Path) -> None:
