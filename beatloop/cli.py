@@ -21,7 +21,14 @@ REPORT = "https://github.com/beatloop/beatloop/issues"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Help that shows every option's default and keeps the exit code table's lines."""
+    """Help that shows every option's default and keeps the exit code table's lines. An
+    option whose default is nothing (``None``: its help says what that means; an off
+    flag; an empty list) shows no ``(default: ...)``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, []) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def _exit_codes() -> str:
@@ -67,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=None,
-        help="seed Python, NumPy and TensorFlow (none: a random seed, or the checkpoint's)",
+        help="seed Python, NumPy and TensorFlow (default: a random seed, or the checkpoint's)",
     )
     run.add_argument(
         "--set",
@@ -80,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         "--run-dir",
         type=Path,
         default=None,
-        help="where logs and checkpoints go (none: runs/RECIPE-TIME); a run dir that "
+        help="where logs and checkpoints go (default: runs/RECIPE-TIME); a run dir that "
         "holds checkpoints is resumed",
     )
     run.add_argument(
@@ -88,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="also checkpoint every N steps (none: at each epoch's end only)",
+        help="also checkpoint every N steps (default: at each epoch's end only)",
     )
     run.add_argument("--max-to-keep", type=int, default=3, metavar="N", help="checkpoints kept")
     run.add_argument(
@@ -107,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FACTOR",
         help="also treat a beat's loss above FACTOR times its running median as a fault "
-        "(none: off)",
+        "(default: off)",
     )
     run.add_argument(
         "--divergence-window",
@@ -166,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--epochs", type=int, default=2, help="epochs per run")
     compare.add_argument(
-        "--out", type=Path, default=None, help="where the table goes (none: runs/compare-TIME)"
+        "--out", type=Path, default=None, help="where the table goes (default: runs/compare-TIME)"
     )
     compare.add_argument("--seed", type=int, default=0, help="the seed of every run")
     compare.add_argument("--repeats", type=int, default=1, help="runs per entry (medians)")

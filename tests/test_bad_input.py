@@ -325,9 +325,24 @@ def test_help_shows_every_default_and_the_exit_codes(capsys):
         main(["run", "--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    for option, default in [("--epochs", "1"), ("--max-to-keep", "3"), ("--on-nan", "raise")]:
-        assert re.search(rf"{option} .*?\(default: {default}\)", text), option
+    shown = [
+        ("--epochs", "1"),
+        ("--max-to-keep", "3"),
+        ("--on-nan", "raise"),
+        ("--run-dir", "runs/RECIPE"),
+        ("--divergence", "off"),
+    ]
+    for option, default in shown:
+        assert re.search(rf"{option} .*?\(default: {re.escape(default)}", text), option
     assert "exit codes:" in text and "130 interrupted" in text and "3 a data error" in text
+    from beatloop.cli import _parser
+
+    run = _parser()._subparsers._group_actions[0].choices["run"]
+    for action in run._actions:  # every option that takes a value says its default
+        if action.option_strings and action.nargs != 0 and action.default != []:
+            assert "default: " in run.formatter_class("beatloop")._get_help_string(action), (
+                action.option_strings
+            )
 
 
 # --- file-system failures: a process without root's override of file permissions ------
