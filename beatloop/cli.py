@@ -68,7 +68,21 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     run = command("run", help="train a recipe")
-    run.add_argument("recipe", help="a registered recipe name (see `beatloop list`)")
+    run.add_argument(
+        "recipe",
+        nargs="?",
+        default=None,
+        help="a registered recipe name (see `beatloop list`); may come from --config",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a TOML run file (recipe, epochs, seed, [config], callbacks, options), or a "
+        "run dir's run.json to run that run again; flags given here override it "
+        "(default: flags only)",
+    )
     run.add_argument("--epochs", type=int, default=1, help="epochs in all (a resume included)")
     run.add_argument(
         "--seed",
@@ -191,7 +205,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``beatloop`` command and return its exit code (see ``EXIT_CODES``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
 
     commands = {"list": _list, "show": _show, "run": _run, "export": _export, "compare": _compare}
@@ -327,12 +343,15 @@ def _show_variables(recipe, schedule) -> None:
 
 
 def _run(args) -> int:
-    from beatloop.core.config import parse_settings
+    from beatloop.core.config import make_config, parse_settings
     from beatloop.fitting import fit
     from beatloop.plugins.registry import get_recipe, registry
 
+    args, file_config = _with_run_file(args)
     cls = get_recipe(args.recipe)
-    overrides = parse_settings(args.set, cls.Config, f"recipe {cls.name!r}")
+    owner = f"recipe {cls.name!r}"
+    overrides = {**file_config, **parse_settings(args.set, cls.Config, owner)}
+    make_config(cls.Config, overrides, owner)  # a bad field fails here, before anything runs
     callbacks = [registry().callback(name).cls() for name in args.callback]
     callbacks.append(_resume_notice())
     strategy = _strategy(args.strategy)
@@ -370,6 +389,43 @@ def _run(args) -> int:
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0
+
+
+def _with_run_file(args) -> tuple[argparse.Namespace, dict]:
+    """The run's options: the flags given, over the run file's values (``--config``),
+    over the flags' defaults; and the run file's config fields (``--set`` overrides
+    them). Without ``--config``: the flags, and no fields."""
+    from beatloop.core.errors import ConfigError
+    from beatloop.run_file import read_run_file
+
+    merged, fields = vars(args).copy(), {}
+    if args.config is not None:
+        run = _subcommand(_parser(), "run")
+        run_file = read_run_file(args.config, {a.dest: a for a in run._actions})
+        given = _given_options(args.argv)
+        merged.update({k: v for k, v in run_file.options.items() if k not in given})
+        merged["recipe"] = args.recipe or run_file.recipe
+        fields = run_file.config
+    if merged["recipe"] is None:
+        raise ConfigError(
+            "run needs a recipe: name it (beatloop run RECIPE) or give `recipe = ...` in "
+            "--config FILE"
+        )
+    return argparse.Namespace(**merged), fields
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices[name]
+
+
+def _given_options(argv: Sequence[str]) -> set[str]:
+    """The option names given on the command line (not taken from their defaults)."""
+    parser = _parser()
+    for sub in [parser, _subcommand(parser, "run")]:
+        for action in sub._actions:
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv))) - {"command"}
 
 
 def _model_paths(values: Sequence[str]) -> dict[str, str]:

@@ -1,0 +1,136 @@
+"""Runs described in files: ``beatloop run --config run.toml`` or ``--config
+RUN_DIR/run.json`` (a recorded run, replayed).
+
+A run file holds what the ``run`` command's flags say, under the flags' names with
+underscores (``steps_per_execution = 32``), plus ``recipe``, a ``[config]`` table of the
+recipe's fields, ``callbacks = ["csv"]`` and a ``[models]`` table (``teacher =
+"teacher.keras"``). The command's own flags override the file, and ``--set`` overrides
+its ``[config]``. A recorded ``run.json`` gives its recipe, config, seed, epochs,
+precision, steps per execution and checkpoint interval: the same run again, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from beatloop.core.errors import ConfigError, did_you_mean
+
+#: What a recorded run.json gives a replay, by the run command's option names.
+RECORDED = ("recipe", "config", "seed", "epochs", "precision", "steps_per_execution",
+            "checkpoint_every")  # fmt: skip
+
+
+@attrs.frozen
+class RunFile:
+    """A run file's contents: the recipe, its config fields, and the ``run`` command's
+    options by their names (``epochs``, ``on_nan``, ``callback``: a list, ``model``: a
+    list of ``NAME=PATH``)."""
+
+    path: Path
+    recipe: str | None
+    config: dict = attrs.field(factory=dict)
+    options: dict = attrs.field(factory=dict)
+
+
+def read_run_file(path: str | Path, options: Mapping[str, Any]) -> RunFile:
+    """Read a TOML run file or a recorded ``run.json``; ``options`` are the ``run``
+    command's argparse actions by name, which the file's values are checked against."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file (a .toml run file or a run.json)")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        return _recorded(path, text, options)
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path} is not valid TOML: {error}") from None
+    return _run_file(path, values, options)
+
+
+def _recorded(path: Path, text: str, options: Mapping[str, Any]) -> RunFile:
+    """A run.json as a run file: what makes the same run again."""
+    try:
+        record = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(f"--config {path} is not valid JSON: {error}") from None
+    if not isinstance(record, dict) or "recipe" not in record or "config" not in record:
+        raise ConfigError(
+            f"--config {path} is not a beatloop run.json (it has no recipe and config)"
+        )
+    return _run_file(path, {key: record[key] for key in RECORDED if key in record}, options)
+
+
+def _run_file(path: Path, values: Mapping[str, Any], options: Mapping[str, Any]) -> RunFile:
+    values = dict(values)
+    recipe = values.pop("recipe", None)
+    if recipe is not None and not isinstance(recipe, str):
+        raise ConfigError(f"{path}: 'recipe' expects a recipe name, got {recipe!r}")
+    config = values.pop("config", {})
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: [config] expects a table of config fields, got {config!r}")
+    checked, problems = {}, []
+    for key, value in values.items():
+        name = {"callbacks": "callback", "models": "model"}.get(key, key)
+        action = options.get(name)
+        if action is None or name in ("config", "set", "recipe", "verbose"):
+            known = sorted({*options, "callbacks", "models"} - {"callback", "model", "set"})
+            problems.append(f"unknown key {key!r}{did_you_mean(key, known)}")
+            continue
+        try:
+            checked[name] = _checked(key, value, action)
+        except ConfigError as error:
+            problems.append(str(error))
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    return RunFile(path, recipe, _tupled(config), checked)
+
+
+def _checked(key: str, value: Any, action) -> Any:
+    """``value`` as the option's flag would have given it, or a ConfigError."""
+    if key == "callbacks":
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"'callbacks' expects a list of callback names, got {value!r}")
+        return value
+    if key == "models":
+        if not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
+            raise ConfigError(f'[models] expects NAME = "PATH.keras" entries, got {value!r}')
+        return [f"{name}={model}" for name, model in value.items()]
+    if action.nargs == 0:  # a flag
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key!r} expects true or false, got {value!r}")
+        return value
+    kind = action.type
+    if value is None:
+        return None
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ConfigError(f"{key!r} expects an integer, got {value!r}")
+    if kind is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ConfigError(f"{key!r} expects a number, got {value!r}")
+        value = float(value)
+    if kind is Path:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key!r} expects a path, got {value!r}")
+        value = Path(value)
+    if kind is None and not isinstance(value, str):
+        raise ConfigError(f"{key!r} expects text, got {value!r}")
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(repr, action.choices))
+        raise ConfigError(f"{key!r} expects one of {choices}, got {value!r}")
+    return value
+
+
+def _tupled(value: Any) -> Any:
+    """TOML and JSON arrays as the tuples attrs configs hold."""
+    if isinstance(value, list):
+        return tuple(_tupled(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tupled(v) for k, v in value.items()}
+    return value
