@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -324,3 +326,45 @@ def record_weights_per_loss(recipe: beatloop.Recipe, model_names: Sequence[str])
 
     recipe.losses = lambda: {name: recording(name, fn) for name, fn in losses().items()}
     return records
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The documents whose code is run: the README and every page of the docs site.
+DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+_PYTHON_BLOCK = re.compile(r"^(?:<!-- not run: ([^\n]*?) -->\n)?```python\n(.*?)^```", re.M | re.S)
+
+
+class CodeBlock(NamedTuple):
+    """A ```python block of a document: where it is, its code, and, for a block marked
+    ``<!-- not run: REASON -->`` on the line before its fence, why it is not run."""
+
+    document: Path
+    line: int  # the line of the block's first line of code, counted from 1
+    code: str
+    not_run: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.document.relative_to(ROOT)}:{self.line}"
+
+    def run(self, namespace: dict) -> None:
+        """Run the block with its lines numbered as in its document, so tracebacks, and
+        AutoGraph reading a loss's source, find the document's own lines."""
+        padding = "\n" * (self.line - 1)
+        exec(compile(padding + self.code, str(self.document), "exec"), namespace)
+
+
+def python_blocks(documents: Iterable[Path] = DOCUMENTS) -> list[CodeBlock]:
+    blocks = []
+    for document in documents:
+        text = document.read_text()
+        for match in _PYTHON_BLOCK.finditer(text):
+            line = text[: match.start(2)].count("\n") + 1
+            blocks.append(CodeBlock(document, line, match[2], match[1]))
+    return blocks
+
+
+def find_block(marker: str) -> CodeBlock:
+    """The one ```python block, in the README or a docs page, that contains ``marker``."""
+    (block,) = [block for block in python_blocks() if marker in block.code]
+    return block

@@ -1,37 +1,25 @@
-"""The README's code is run, not just read."""
+"""The code of the README and the docs pages is run, not just read: these tests run the
+blocks whose results say more than that they ran (``test_docs.py`` runs the others)."""
 
 import re
-from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from helpers import ROOT, find_block
 
 import beatloop
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-PLUGINS = README.parent / "docs" / "plugins.md"
-
-
-def python_blocks(document: Path = README):
-    return re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.S)
-
-
-def run_block(block: str, document: Path, namespace: dict) -> None:
-    """Run a code block with its lines numbered as in ``document``, so tracebacks, and
-    AutoGraph reading a loss's source, find the document's own lines."""
-    text = document.read_text()
-    padding = "\n" * text[: text.index(block)].count("\n")
-    exec(compile(padding + block, str(document), "exec"), namespace)
+README = ROOT / "README.md"
 
 
 def test_write_your_own_recipe_block_runs(monkeypatch, capsys):
-    (block,) = [b for b in python_blocks() if "class Autoencoder" in b]
-    assert len([line for line in block.splitlines() if line.strip()]) < 40
+    block = find_block("class Autoencoder")
+    assert len([line for line in block.code.splitlines() if line.strip()]) < 40
     monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
     namespace = {}
-    run_block(block, README, namespace)
+    block.run(namespace)
     history = namespace["result"].history
     assert history["reconstruction"][1] < history["reconstruction"][0]
     assert history["val_reconstruction"][1] < history["val_reconstruction"][0]
@@ -49,11 +37,11 @@ def test_setup_commands_come_first():
 
 
 def test_models_the_user_supplies_block_runs(monkeypatch, capsys):
-    (block,) = [b for b in python_blocks() if "class Distill" in b]
-    assert len([line for line in block.splitlines() if line.strip()]) < 45
+    block = find_block("class Distill")
+    assert len([line for line in block.code.splitlines() if line.strip()]) < 45
     monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
     namespace = {}
-    run_block(block, README, namespace)
+    block.run(namespace)
     result = namespace["result"]
     losses = result.history["val_distillation"]
     assert losses[-1] < losses[0]
@@ -84,9 +72,8 @@ def test_models_the_user_supplies_block_runs(monkeypatch, capsys):
 def test_the_plugin_guides_group_block_runs(capsys):
     """One encoder pass feeds two beats: the classifier learns from the code while only
     the reconstruction beat moves the encoder."""
-    (block,) = [b for b in python_blocks(PLUGINS) if "class CodeAndClass" in b]
     namespace = {}
-    run_block(block, PLUGINS, namespace)
+    find_block("class CodeAndClass").run(namespace)
     history = namespace["result"].history
     assert history["val_reconstruction"][1] < history["val_reconstruction"][0]
     assert history["val_cross_entropy"][1] < history["val_cross_entropy"][0]
@@ -97,13 +84,14 @@ def test_the_plugin_guides_group_block_runs(capsys):
     assert capsys.readouterr().out == printed
 
 
-def test_the_nan_guard_block_prints_what_the_readme_shows(capsys):
+def test_the_nan_guard_block_prints_what_the_page_shows(capsys):
     """A learning rate that really gives a NaN with the default optimizer, and one that
-    only the divergence guard stops: the messages the README shows are the real ones."""
-    (block,) = [b for b in python_blocks() if "divergence=divergence" in b]
-    text = README.read_text()
-    shown = re.match(r"```\n\n```text\n(.*?)```", text[text.index(block) + len(block) :], re.S)[1]
-    exec(compile(block, str(README), "exec"), {})
+    only the divergence guard stops: the messages the page shows are the real ones."""
+    block = find_block("divergence=divergence")
+    text = block.document.read_text()
+    after = text[text.index(block.code) + len(block.code) :]
+    shown = re.match(r"```\n\n```text\n(.*?)```", after, re.S)[1]
+    block.run({})
     printed = capsys.readouterr().out
     assert printed == shown
     assert "produced a non-finite loss (nan) at step 2" in printed

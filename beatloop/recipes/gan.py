@@ -31,29 +31,78 @@ BOTH = ("generator", "discriminator")
 class GanConfig:
     """Settings of the GAN recipe."""
 
-    latent_dim: int = attrs.field(default=16, validator=_positive)
-    hidden: int = attrs.field(default=128, validator=_positive)
+    latent_dim: int = attrs.field(
+        default=16, validator=_positive, metadata={"doc": "size of the generator's noise input"}
+    )
+    hidden: int = attrs.field(
+        default=128,
+        validator=_positive,
+        metadata={"doc": "width of the dense layers (dense architecture)"},
+    )
     architecture: Literal["dense", "conv"] = attrs.field(
-        default="dense", validator=attrs.validators.in_(("dense", "conv"))
+        default="dense",
+        validator=attrs.validators.in_(("dense", "conv")),
+        metadata={
+            "doc": (
+                "dense, or conv: DCGAN-style strided convolutions for images whose sides divide "
+                "by 4"
+            )
+        },
     )
     loss: Literal["non_saturating", "hinge"] = attrs.field(
-        default="non_saturating", validator=attrs.validators.in_(("non_saturating", "hinge"))
+        default="non_saturating",
+        validator=attrs.validators.in_(("non_saturating", "hinge")),
+        metadata={"doc": "non_saturating, or hinge"},
     )
-    n_critic: int = attrs.field(default=1, validator=_positive)
+    n_critic: int = attrs.field(
+        default=1,
+        validator=_positive,
+        metadata={
+            "doc": "discriminator updates per generator update (the discriminator beat's repeat)"
+        },
+    )
     update: Literal["alternating", "simultaneous"] = attrs.field(
-        default="alternating", validator=attrs.validators.in_(("alternating", "simultaneous"))
+        default="alternating",
+        validator=attrs.validators.in_(("alternating", "simultaneous")),
+        metadata={
+            "doc": (
+                "alternating: the beats in turn, the generator's against the updated "
+                "discriminator with fresh noise; simultaneous: one group, both gradients from one"
+                " forward pass (needs n_critic=1)"
+            )
+        },
     )
     label_smoothing: float = attrs.field(
-        default=0.0, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
+        default=0.0,
+        validator=[attrs.validators.ge(0), attrs.validators.lt(1)],
+        metadata={"doc": "one-sided label smoothing: real targets become 1 - s"},
     )
-    g_learning_rate: float = attrs.field(default=1e-3, validator=_positive)
-    d_learning_rate: float = attrs.field(default=1e-3, validator=_positive)
+    g_learning_rate: float = attrs.field(
+        default=1e-3, validator=_positive, metadata={"doc": "the generator's Adam learning rate"}
+    )
+    d_learning_rate: float = attrs.field(
+        default=1e-3,
+        validator=_positive,
+        metadata={"doc": "the discriminator's Adam learning rate"},
+    )
     beta_1: float = attrs.field(
-        default=0.5, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
+        default=0.5,
+        validator=[attrs.validators.ge(0), attrs.validators.lt(1)],
+        metadata={"doc": "Adam's beta_1, both optimizers"},
     )
-    batch_size: int = attrs.field(default=32, validator=_positive)
-    quality_samples: int = attrs.field(default=500, validator=_positive)
-    grid_size: int = attrs.field(default=8, validator=_positive)
+    batch_size: int = attrs.field(
+        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
+    )
+    quality_samples: int = attrs.field(
+        default=500,
+        validator=_positive,
+        metadata={"doc": "generated samples judged for the sample-quality figures each epoch"},
+    )
+    grid_size: int = attrs.field(
+        default=8,
+        validator=_positive,
+        metadata={"doc": "side of the saved sample grid (grid_size x grid_size samples)"},
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.update == "simultaneous" and self.n_critic != 1:

@@ -101,18 +101,48 @@ def _tasks_valid(instance, attribute, value) -> None:
 class MultitaskConfig:
     """Settings of the multi-task recipe."""
 
-    tasks: tuple[str, ...] = attrs.field(default=("digit", "ink"), validator=_tasks_valid)
+    tasks: tuple[str, ...] = attrs.field(
+        default=("digit", "ink"),
+        validator=_tasks_valid,
+        metadata={
+            "doc": (
+                "the tasks: digit, ink, or KEY=classification:K / KEY=regression reading the "
+                "batch's KEY"
+            )
+        },
+    )
     schedule: Literal["joint", "alternating"] = attrs.field(
-        default="joint", validator=attrs.validators.in_(("joint", "alternating"))
+        default="joint",
+        validator=attrs.validators.in_(("joint", "alternating")),
+        metadata={
+            "doc": (
+                "joint: one beat, the weighted sum of the task losses; alternating: one beat per "
+                "task"
+            )
+        },
     )
     weighting: Literal["fixed", "uncertainty", "dwa"] = attrs.field(
-        default="fixed", validator=attrs.validators.in_(("fixed", "uncertainty", "dwa"))
+        default="fixed",
+        validator=attrs.validators.in_(("fixed", "uncertainty", "dwa")),
+        metadata={
+            "doc": "fixed, uncertainty (Kendall et al. 2018) or dwa (Dynamic Weight Average)"
+        },
     )
-    weights: tuple[float, ...] = ()
-    dwa_temperature: float = attrs.field(default=2.0, validator=_positive)
-    hidden: int = attrs.field(default=64, validator=_positive)
-    learning_rate: float = attrs.field(default=1e-3, validator=_positive)
-    batch_size: int = attrs.field(default=32, validator=_positive)
+    weights: tuple[float, ...] = attrs.field(
+        default=(), metadata={"doc": "fixed weights, one per task (default: all 1)"}
+    )
+    dwa_temperature: float = attrs.field(
+        default=2.0, validator=_positive, metadata={"doc": "DWA's temperature T"}
+    )
+    hidden: int = attrs.field(
+        default=64, validator=_positive, metadata={"doc": "width of the shared backbone"}
+    )
+    learning_rate: float = attrs.field(
+        default=1e-3, validator=_positive, metadata={"doc": "Adam's learning rate"}
+    )
+    batch_size: int = attrs.field(
+        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.weights and len(self.weights) != len(self.tasks):

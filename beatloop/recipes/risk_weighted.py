@@ -30,21 +30,47 @@ class RiskWeightedConfig:
     """Settings of the risk-weighted recipe. ``risk``: a function of the batch (a dict of
     tensors) giving one weight per sample; ``None`` reads the batch's ``risk`` entry."""
 
-    hidden: int = attrs.field(default=32, validator=_positive)
-    classes: int = attrs.field(default=2, validator=attrs.validators.ge(2))
+    hidden: int = attrs.field(
+        default=32, validator=_positive, metadata={"doc": "width of the hidden Dense layer"}
+    )
+    classes: int = attrs.field(
+        default=2,
+        validator=attrs.validators.ge(2),
+        metadata={"doc": "2: binary (sigmoid); more: multi-class (softmax)"},
+    )
     clip: Literal["norm", "global_norm", "none"] = attrs.field(
-        default="norm", validator=attrs.validators.in_(("norm", "global_norm", "none"))
+        default="norm",
+        validator=attrs.validators.in_(("norm", "global_norm", "none")),
+        metadata={"doc": "norm (per tensor), global_norm, or none"},
     )
-    clip_norm: float = attrs.field(default=1.0, validator=_positive)
+    clip_norm: float = attrs.field(
+        default=1.0, validator=_positive, metadata={"doc": "the clipping threshold"}
+    )
     optimizer: Literal["sgd", "adam"] = attrs.field(
-        default="sgd", validator=attrs.validators.in_(tuple(OPTIMIZERS))
+        default="sgd",
+        validator=attrs.validators.in_(tuple(OPTIMIZERS)),
+        metadata={"doc": "sgd or adam"},
     )
-    learning_rate: float = attrs.field(default=0.05, validator=_positive)
-    batch_size: int = attrs.field(default=32, validator=_positive)
+    learning_rate: float = attrs.field(
+        default=0.05, validator=_positive, metadata={"doc": "the optimizer's learning rate"}
+    )
+    batch_size: int = attrs.field(
+        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
+    )
     validation_fraction: float = attrs.field(
-        default=0.25, validator=[attrs.validators.gt(0), attrs.validators.lt(1)]
+        default=0.25,
+        validator=[attrs.validators.gt(0), attrs.validators.lt(1)],
+        metadata={"doc": "share of the built-in data held out for validation (stratified)"},
     )
-    risk: Callable[..., tf.Tensor] | None = None
+    risk: Callable[..., tf.Tensor] | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": (
+                "a function of the batch (a dict of tensors) giving one weight per sample, Python"
+                " only; None reads the batch's risk key"
+            )
+        },
+    )
 
 
 def weighted_mean(losses: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:

@@ -48,28 +48,69 @@ class StyleTransferConfig:
     """Settings of the style transfer recipe."""
 
     mode: Literal["image", "generator"] = attrs.field(
-        default="image", validator=attrs.validators.in_(("image", "generator"))
+        default="image",
+        validator=attrs.validators.in_(("image", "generator")),
+        metadata={
+            "doc": (
+                "image: the picture itself is trained; generator: a small network maps the "
+                "content image (or noise) to it"
+            )
+        },
     )
-    image_size: int = attrs.field(default=64, validator=attrs.validators.ge(16))
-    content_path: str | None = None
-    style_path: str | None = None
+    image_size: int = attrs.field(
+        default=64,
+        validator=attrs.validators.ge(16),
+        metadata={"doc": "side the content and style images are resized to"},
+    )
+    content_path: str | None = attrs.field(
+        default=None, metadata={"doc": "your own content image (default: scikit-learn's china)"}
+    )
+    style_path: str | None = attrs.field(
+        default=None, metadata={"doc": "your own style image (default: scikit-learn's flower)"}
+    )
     init: Literal["content", "noise"] = attrs.field(
-        default="content", validator=attrs.validators.in_(("content", "noise"))
+        default="content",
+        validator=attrs.validators.in_(("content", "noise")),
+        metadata={"doc": "image mode: start from the content image, or from noise"},
     )
     generator_input: Literal["content", "noise"] = attrs.field(
-        default="content", validator=attrs.validators.in_(("content", "noise"))
+        default="content",
+        validator=attrs.validators.in_(("content", "noise")),
+        metadata={"doc": "generator mode: the network's input, the content image or fixed noise"},
     )
-    alpha: float = attrs.field(default=1.0, validator=_non_negative)
-    beta: float = attrs.field(default=1e4, validator=_non_negative)
-    tv_weight: float = attrs.field(default=0.1, validator=_non_negative)
-    content_layer: str = "block3_conv2"
-    style_layers: tuple[str, ...] = ("block1_conv1", "block2_conv1", "block3_conv1")
+    alpha: float = attrs.field(
+        default=1.0, validator=_non_negative, metadata={"doc": "weight of the content loss"}
+    )
+    beta: float = attrs.field(
+        default=1e4, validator=_non_negative, metadata={"doc": "weight of the style loss"}
+    )
+    tv_weight: float = attrs.field(
+        default=0.1, validator=_non_negative, metadata={"doc": "weight of the total-variation loss"}
+    )
+    content_layer: str = attrs.field(
+        default="block3_conv2", metadata={"doc": "the feature layer the content loss compares"}
+    )
+    style_layers: tuple[str, ...] = attrs.field(
+        default=("block1_conv1", "block2_conv1", "block3_conv1"),
+        metadata={"doc": "the feature layers whose Gram matrices the style loss compares"},
+    )
     preprocess: Literal["none", "vgg"] = attrs.field(
-        default="none", validator=attrs.validators.in_(("none", "vgg"))
+        default="none",
+        validator=attrs.validators.in_(("none", "vgg")),
+        metadata={"doc": "none, or vgg: Keras's VGG preprocessing before the feature network"},
     )
-    learning_rate: float = attrs.field(default=0.02, validator=_positive)
-    steps_per_epoch: int = attrs.field(default=50, validator=_positive)
-    feature_seed: int = 0
+    learning_rate: float = attrs.field(
+        default=0.02, validator=_positive, metadata={"doc": "Adam's learning rate"}
+    )
+    steps_per_epoch: int = attrs.field(
+        default=50,
+        validator=_positive,
+        metadata={"doc": "steps in one epoch (one image, so an epoch is a count of steps)"},
+    )
+    feature_seed: int = attrs.field(
+        default=0,
+        metadata={"doc": "seed of the random-feature network built when none is supplied"},
+    )
 
 
 def gram_matrix(features: tf.Tensor) -> tf.Tensor:

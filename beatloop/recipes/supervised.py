@@ -30,18 +30,34 @@ _positive = attrs.validators.gt(0)
 class SupervisedConfig:
     """Settings of the supervised recipe."""
 
-    hidden: int = attrs.field(default=64, validator=_positive)
+    hidden: int = attrs.field(
+        default=64, validator=_positive, metadata={"doc": "width of the hidden Dense layer (relu)"}
+    )
     dropout: float = attrs.field(
-        default=0.0, validator=[attrs.validators.ge(0), attrs.validators.lt(1)]
+        default=0.0,
+        validator=[attrs.validators.ge(0), attrs.validators.lt(1)],
+        metadata={"doc": "dropout rate after the hidden layer (0: none)"},
     )
-    classes: int = attrs.field(default=10, validator=_positive)
+    classes: int = attrs.field(
+        default=10,
+        validator=_positive,
+        metadata={"doc": "number of classes (logits out); labels must lie in [0, classes)"},
+    )
     optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = attrs.field(
-        default="adam", validator=attrs.validators.in_(tuple(OPTIMIZERS))
+        default="adam",
+        validator=attrs.validators.in_(tuple(OPTIMIZERS)),
+        metadata={"doc": "adam, adamw, sgd or rmsprop"},
     )
-    learning_rate: float = attrs.field(default=1e-3, validator=_positive)
-    batch_size: int = attrs.field(default=32, validator=_positive)
+    learning_rate: float = attrs.field(
+        default=1e-3, validator=_positive, metadata={"doc": "the optimizer's learning rate"}
+    )
+    batch_size: int = attrs.field(
+        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
+    )
     validation_fraction: float = attrs.field(
-        default=0.2, validator=[attrs.validators.gt(0), attrs.validators.lt(1)]
+        default=0.2,
+        validator=[attrs.validators.gt(0), attrs.validators.lt(1)],
+        metadata={"doc": "share of the built-in data held out for validation"},
     )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -20,11 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 
 import keras
 import numpy as np
-from helpers import all_weights, gan_data, tutorial_dcgan_training, twin_models
+from helpers import all_weights, find_block, gan_data, tutorial_dcgan_training, twin_models
 
 import beatloop
 
-TESTS = Path(__file__).resolve().parents[1]
 GAN = {"architecture": "conv", "hidden": 16, "latent_dim": 8, "batch_size": 16}
 
 
@@ -50,11 +48,10 @@ def compare(recipe, data, latent: int, tutorial=None, **fit_options) -> dict[str
 
 
 def readme_recipe():
-    """The README's DCGAN recipe class (its block is run, training included)."""
-    readme = (TESTS.parent / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "class Dcgan" in b]
+    """The docs' DCGAN recipe class (docs/schedules.md; its block is run, training
+    included)."""
     namespace: dict = {}
-    exec(compile(block, "README.md", "exec"), namespace)
+    find_block("class Dcgan").run(namespace)
     return namespace["Dcgan"]
 
 

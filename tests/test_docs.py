@@ -1,0 +1,172 @@
+"""The documentation: the site builds with ``mkdocs build --strict`` (no broken link or
+reference), its generated tables list everything the code has, and every ```python block
+of the README and the docs pages is run by a test."""
+
+from __future__ import annotations
+
+import ast
+import html
+import inspect
+import re
+
+import attrs
+import pytest
+from helpers import DOCUMENTS, ROOT, python_blocks
+
+import beatloop
+from beatloop.core.callbacks import EVENTS, Callback
+from beatloop.plugins import registry as registry_module
+from beatloop.plugins.registry import Registry
+
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+#: Blocks run by a test that checks their results too, by a marker in their code.
+RUN_ELSEWHERE = {
+    "class Autoencoder": "test_readme.py::test_write_your_own_recipe_block_runs",
+    "class Distill": "test_readme.py::test_models_the_user_supplies_block_runs",
+    "class CodeAndClass": "test_readme.py::test_the_plugin_guides_group_block_runs",
+    "divergence=divergence": "test_readme.py::test_the_nan_guard_block_prints_what_the_page_shows",
+    "class Dcgan": (
+        "test_groups.py::test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_"
+        "hand_written_step"
+    ),
+}
+
+
+def run_elsewhere(block) -> str | None:
+    tests = [test for marker, test in RUN_ELSEWHERE.items() if marker in block.code]
+    assert len(tests) <= 1, f"{block.name} matches several markers"
+    return tests[0] if tests else None
+
+
+BLOCKS = python_blocks()
+RUN_HERE = [block for block in BLOCKS if block.not_run is None and run_elsewhere(block) is None]
+
+
+@pytest.mark.parametrize("block", RUN_HERE, ids=[block.name for block in RUN_HERE])
+def test_python_block_runs(block, monkeypatch):
+    """Each block runs on its own, in a fresh namespace (a recipe it registers is not
+    left behind for the other tests)."""
+    monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
+    block.run({})
+
+
+def test_every_python_block_is_run_or_says_why_not():
+    """Every ```python fence is one block found (none written in another form slips past),
+    each is run here or by the named test, and a block not run says why."""
+    lines = [line for document in DOCUMENTS for line in document.read_text().split("\n")]
+    fences = sum(line.startswith("```py") for line in lines)
+    assert fences == len(BLOCKS)
+    for block in BLOCKS:
+        test = run_elsewhere(block)
+        if test is not None:
+            module, name = test.split("::")
+            assert f"def {name}(" in (ROOT / "tests" / module).read_text(), test
+        if block.not_run is not None:
+            assert test is None and len(block.not_run.split()) >= 3, block.name
+    not_run = [block.name for block in BLOCKS if block.not_run is not None]
+    assert len(not_run) <= 3, f"keep the blocks that are not run few: {not_run}"
+    assert [block for block in BLOCKS if block.document == README and block.not_run is None]
+
+
+def test_every_python_block_parses():
+    for block in BLOCKS:
+        ast.parse(block.code, block.name)
+
+
+def test_readme_is_short_keeps_the_setup_commands_and_its_links_resolve():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert re.search(r"^# 1\. install.*\n.*beatloop run supervised", text, re.M)
+    assert re.search(r"^# 2\. install.*\n.*pytest", text, re.M)
+    links = re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text)
+    assert {"docs/recipes.md", "docs/callbacks.md", "docs/api.md"} <= set(links)
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+# The site, built once for the tests below.
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """``mkdocs build --strict``, in this process (TensorFlow is imported once): any
+    warning, a broken link or an unresolved API reference among them, fails the build."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    site_dir = tmp_path_factory.mktemp("site")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NO_MKDOCS_2_WARNING", "1")
+        config = load_config(str(ROOT / "mkdocs.yml"), site_dir=str(site_dir), strict=True)
+        build(config)
+    return site_dir
+
+
+def text_of(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def tables(page: str) -> list[list[list[str]]]:
+    """Each table of a built page: its body rows, each a list of cell texts."""
+    found = []
+    for table in re.findall(r"<table>(.*?)</table>", page, re.S):
+        body = table.split("<tbody>", 1)[1]
+        rows = re.findall(r"<tr>(.*?)</tr>", body, re.S)
+        found.append([[text_of(c) for c in re.findall(r"<td>(.*?)</td>", r, re.S)] for r in rows])
+    return found
+
+
+def test_the_site_builds_with_every_page_in_its_nav(site):
+    nav_pages = re.findall(r"^  - [^:]+: ([\w-]+)\.md$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert sorted(nav_pages) == sorted(path.stem for path in DOCS.glob("*.md"))
+    for page in nav_pages:
+        assert (site / f"{page}.html").is_file()
+    assert not (site / "hooks.py").exists()
+
+
+def test_each_recipe_table_lists_every_config_field(site):
+    """The tables are generated from each recipe's attrs Config, so they cannot go stale;
+    this checks the generation and that every built-in recipe has its table."""
+    page = (site / "recipes.html").read_text()
+    registry = Registry(load_entry_points=False)
+    for name in registry.recipe_names():
+        section = page.split(f'<h2 id="{name}">', 1)[1].split("<h2 ", 1)[0]
+        (table, *_) = tables(section)
+        fields = attrs.fields(registry.recipe(name).cls.Config)
+        assert [row[0] for row in table] == [field.name for field in fields], name
+        for row, field in zip(table, fields, strict=True):
+            default = "(required)" if field.default is attrs.NOTHING else repr(field.default)
+            assert row[2] == default and row[3] == field.metadata["doc"], (name, field.name)
+            assert field.metadata["doc"].strip(), (name, field.name)
+
+
+def test_the_callbacks_page_gives_every_event_its_signature_and_the_epoch_numbering(site):
+    page = (site / "callbacks.html").read_text()
+    (events, *_) = tables(page)
+    assert [row[0] for row in events] == list(EVENTS)
+    for row, event in zip(events, EVENTS, strict=True):
+        method = getattr(Callback, f"on_{event}")
+        assert row[1].startswith(f"on_{event}(self, run: Run")
+        assert list(inspect.signature(method).parameters) == re.findall(
+            r"(\w+)(?::[^,)]*)?[,)]", row[1].split("->")[0]
+        )
+        assert row[2] == " ".join(inspect.getdoc(method).split()).replace("``", "")
+    text = text_of(page)
+    assert "counts from 0" in text and "count from 1" in text
+
+
+def test_the_api_reference_has_everything_beatloop_exports(site):
+    source = (DOCS / "api.md").read_text()
+    referenced = re.findall(r"^::: [\w.]+\.(\w+)$", source, re.M)
+    assert sorted(referenced) == sorted(beatloop.__all__)
+    page = (site / "api.html").read_text()
+    for name in beatloop.__all__:
+        assert re.search(rf'id="beatloop(\.\w+)*\.{name}"', page), name
+
+
+def test_the_command_line_page_has_every_commands_help(site):
+    page = text_of((site / "cli.html").read_text())
+    for command in ("list", "show", "run", "compare", "export"):
+        assert f"usage: beatloop {command} " in page, command
+    assert "exit codes:" in page
