@@ -321,3 +321,35 @@ def test_the_guide_runs(capsys):
     assert rates[-1] < rates[0] and rates == sorted(rates, reverse=True)
     last = float(namespace["result"].bound.optimizers["optimizer"].learning_rate)
     assert capsys.readouterr().out == f"{rates}\n{last}\n"
+
+
+class Fails(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise ValueError("no such figure")
+
+
+class ReplacesTheOptimizer(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.model.optimizer = keras.optimizers.SGD()
+
+
+def test_misused_keras_callbacks_are_named(small_digits):
+    train, _ = small_digits
+    data = tuple_batches(train, 100).map(lambda x, y: {"x": x, "y": y})
+    with pytest.raises(beatloop.UserCodeError, match=r"'Fails \(a Keras callback\)' in on_epoch_"):
+        beatloop.fit(
+            TwoModels(), data=data, seed=0, callbacks=[beatloop.keras_callback(Fails(), model="a")]
+        )
+    with pytest.raises(beatloop.CallbackError, match="cannot replace the optimizer"):
+        beatloop.fit(
+            TwoModels(),
+            data=data,
+            seed=0,
+            callbacks=[beatloop.keras_callback(ReplacesTheOptimizer(), model="b")],
+        )
+    # A KerasCallback serves another run afresh: its default model is resolved per run.
+    wrapped = beatloop.keras_callback(Recorder())
+    result = supervised(small_digits, [wrapped], 1)
+    assert wrapped.callback.optimizers == [result.bound.optimizers["optimizer"]]
+    with pytest.raises(beatloop.CallbackError, match=r"declares no primary_model"):
+        beatloop.fit(TwoModels(), data=data, seed=0, callbacks=[wrapped])

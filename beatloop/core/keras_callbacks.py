@@ -131,6 +131,7 @@ class KerasCallback(Callback):
         self.model = model
         self.optimizer = optimizer
         self._batch_logs = _overrides(callback, "on_train_batch_end", "on_batch_end")
+        self._bound: tuple[str, str | None] | None = None
         self._begin = 0
 
     @property
@@ -139,24 +140,28 @@ class KerasCallback(Callback):
         the user's, never beatloop's own)."""
         return f"{type(self.callback).__name__} (a Keras callback)"
 
-    def bind(self, recipe, bound: BoundSchedule) -> None:
-        """Resolve the model and optimizer names against the run's parts (errors before
-        the run starts)."""
-        self.model = _model_name(recipe, bound, self.model, self.reported_as)
-        if self.optimizer is None:
-            self.optimizer = _optimizer_of(bound, self.model, self.reported_as)
-        elif self.optimizer not in bound.optimizers:
+    def bind(self, recipe, bound: BoundSchedule) -> tuple[str, str | None]:
+        """Resolve the model and optimizer names against a run's parts (the engine does,
+        before the run starts): ``(model, optimizer)``, the optimizer ``None`` when no
+        beat updates the model and none was named. The names asked for are kept, so the
+        same KerasCallback can serve another run."""
+        model = _model_name(recipe, bound, self.model, self.reported_as)
+        optimizer = self.optimizer
+        if optimizer is None:
+            optimizer = _optimizer_of(bound, model, self.reported_as)
+        elif optimizer not in bound.optimizers:
             raise CallbackError(
-                f"keras_callback(optimizer={self.optimizer!r}): the run has no optimizer of "
-                f"that name{did_you_mean(self.optimizer, bound.optimizers)}; its optimizers: "
+                f"keras_callback(optimizer={optimizer!r}): the run has no optimizer of "
+                f"that name{did_you_mean(optimizer, bound.optimizers)}; its optimizers: "
                 + ", ".join(bound.optimizers)
             )
+        self._bound = (model, optimizer)
+        return self._bound
 
     def on_fit_start(self, run: Run) -> None:
-        if self.model is None:  # not bound by the engine: bind now
-            self.bind(run.recipe, run.bound)
-        optimizer = None if self.optimizer is None else run.optimizers[self.optimizer]
-        view = ModelView(run.models[self.model], self.model, optimizer, run, self.reported_as)
+        model, optimizer = self._bound or self.bind(run.recipe, run.bound)
+        chosen = None if optimizer is None else run.optimizers[optimizer]
+        view = ModelView(run.models[model], model, chosen, run, self.reported_as)
         self.callback.set_model(view)
         self.callback.set_params({"verbose": 0, "epochs": run.epochs, "steps": run.steps_per_epoch})
         self.callback.on_train_begin({})
