@@ -45,6 +45,8 @@ _EXPORTS = {
     "Order": "beatloop.core.callbacks",
     "when": "beatloop.core.callbacks",
     "EventFilter": "beatloop.core.callbacks",
+    "keras_callback": "beatloop.core.keras_callbacks",
+    "KerasCallback": "beatloop.core.keras_callbacks",
     "History": "beatloop.plugins.callbacks",
     "ProgressBar": "beatloop.plugins.callbacks",
     "TrainingTimer": "beatloop.plugins.callbacks",
@@ -120,6 +122,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         UserCodeError,
     )
     from beatloop.core.forward import ModelCalls
+    from beatloop.core.keras_callbacks import KerasCallback, keras_callback
     from beatloop.core.options import EngineOptions
     from beatloop.core.recipe import Recipe
     from beatloop.core.result import FitResult

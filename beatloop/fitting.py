@@ -50,7 +50,7 @@ def fit(
     config: Mapping[str, Any] | None = None,
     models: Mapping[str, keras.Layer | str | Path] | None = None,
     optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
-    callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Callback | keras.callbacks.Callback] = (),
     seed: int | None = None,
     steps_per_execution: int = 1,
     steps_per_epoch: int | None = None,
@@ -84,6 +84,10 @@ def fit(
     strategy; models, optimizers and metrics are built in its scope, each global batch
     is split across its replicas, and the losses are averaged over the global batch.
     ``progress``: show a progress bar (``None``: only on a terminal).
+    ``callbacks``: beatloop callbacks and Keras callbacks (``keras.callbacks.Callback``),
+    a Keras one seeing the recipe's primary model and its optimizer, or those named with
+    ``beatloop.keras_callback(callback, model=..., optimizer=...)``; its state is not
+    checkpointed (docs/keras-callbacks.md).
 
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
     ``checkpoint_every`` steps, keeping ``max_to_keep``), and a run dir that already

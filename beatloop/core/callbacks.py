@@ -217,7 +217,8 @@ class CallbackList:
         for callback in given:
             if not isinstance(callback, Callback):
                 raise CallbackError(
-                    f"callbacks must be beatloop.Callback instances, got {type(callback).__name__}"
+                    "callbacks must be beatloop.Callback or keras.callbacks.Callback instances, "
+                    f"got {type(callback).__name__}"
                 )
             _check_filters(type(callback).__name__, callback.filters)
         self.callbacks = sorted(given, key=lambda callback: callback.order)
@@ -273,9 +274,12 @@ def reported(error: Exception, callback: Callback, event: str) -> Exception:
         mismatch = error.error.completed(at=at)
         mismatch.__suppress_context__ = True
         return mismatch
-    if at is None and _beatloops_own(callback):
+    # A callback wrapping the user's (a Keras callback) names it with ``reported_as``.
+    shown = getattr(callback, "reported_as", None)
+    if at is None and shown is None and _beatloops_own(callback):
         return error
-    named = UserCodeError(f"callback {type(callback).__name__!r} in on_{event}", error, at=at)
+    shown = shown or type(callback).__name__
+    named = UserCodeError(f"callback {shown!r} in on_{event}", error, at=at)
     named.__suppress_context__ = True
     return named
 

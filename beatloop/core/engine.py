@@ -21,6 +21,7 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.callbacks import Callback, CallbackList
 from beatloop.core.checkpoints import RunCheckpoints
 from beatloop.core.errors import ConfigError, DataError
+from beatloop.core.keras_callbacks import adapt_callbacks, warn_if_resumed
 from beatloop.core.metrics import LazyLogs
 from beatloop.core.op_errors import data_errors
 from beatloop.core.options import EngineOptions
@@ -39,6 +40,7 @@ class Engine:
     ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
     ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
     ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there.
+    ``callbacks`` may hold Keras callbacks (see :mod:`beatloop.core.keras_callbacks`).
     """
 
     def __init__(
@@ -48,7 +50,7 @@ class Engine:
         *,
         models: Mapping[str, keras.Layer | str | Path] | None = None,
         optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence[Callback | keras.callbacks.Callback] = (),
         options: EngineOptions | None = None,
         run_dir: Path | None = None,
         seed: int = 0,
@@ -66,7 +68,8 @@ class Engine:
         self.options = options
         self._labels = label_settings(recipe)  # read only when a label is out of range
         self.stream = DataStream(data, parts.counters, strategy)
-        self.callbacks = CallbackList([*callbacks, *parts.callbacks])
+        given = adapt_callbacks(callbacks, recipe, parts.bound)  # Keras callbacks wrapped
+        self.callbacks = CallbackList([*given, *parts.callbacks])
         self.recovery = Recovery(
             _checkpoints(parts, run_dir, options),
             parts.record,
@@ -136,6 +139,7 @@ class Engine:
         run = self.run
         run.epochs = epochs
         self.resume()
+        warn_if_resumed(self.callbacks.callbacks, run)
         logs: dict[str, float] = {}
         self.callbacks.fire("fit_start", run)
         self._fitting = True

@@ -52,7 +52,8 @@ class Recipe(abc.ABC):
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
     by name, built for batches of that spec; without it every run passes ``models=``),
     ``supplied_models`` (models the user supplies, see :class:`SuppliedModel`),
-    ``batch_keys`` (key -> minimum rank), ``label_classes()`` (label keys -> the config
+    ``batch_keys`` (key -> minimum rank), ``primary_model`` (the model Keras callbacks
+    see), ``label_classes()`` (label keys -> the config
     field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
@@ -69,6 +70,9 @@ class Recipe(abc.ABC):
     #: name: required unless ``build_models`` builds a declared fallback; frozen unless a
     #: beat updates them.
     supplied_models: ClassVar[Mapping[str, SuppliedModel]] = {}
+    #: The model a Keras callback sees as ``self.model`` unless told otherwise (with the
+    #: optimizer of the beat that updates it); ``None``: the one model the beats update.
+    primary_model: ClassVar[str | None] = None
 
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config

@@ -129,6 +129,8 @@ class Gan(Recipe):
     """Generative adversarial network: discriminator and generator beats (digits)."""
 
     name = "gan"
+    #: Keras callbacks see the generator and its optimizer unless told otherwise.
+    primary_model = "generator"
     quality_figure = ("sample_score", "max")
     Config = GanConfig
     batch_keys = {"x": 2}

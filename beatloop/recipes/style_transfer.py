@@ -165,6 +165,11 @@ class StyleTransfer(Recipe):
         super().__init__(config)
         self._extractors: dict[int, keras.Model] = {}
 
+    @property
+    def primary_model(self) -> str:
+        """What Keras callbacks see: the model the mode trains (the image, or the generator)."""
+        return "image" if self.config.mode == "image" else "generator"
+
     # --- data and parts ----------------------------------------------------------------
 
     def default_data(self, seed: int) -> DataSplit:

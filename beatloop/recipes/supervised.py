@@ -69,6 +69,7 @@ class Supervised(Recipe):
     """
 
     name = "supervised"
+    primary_model = "model"
     quality_figure = ("val_accuracy", "max")
     Config = SupervisedConfig
     batch_keys = {"x": 2, "y": 1}
