@@ -241,7 +241,8 @@ def _parser() -> argparse.ArgumentParser:
     compare = command(
         "compare",
         help="recipes (or configs of one) side by side: speed, memory, losses, quality",
-        description="Run each recipe on its default data for the same number of epochs, "
+        description="Run each recipe on its default data (or on --data) for the same number "
+        "of epochs, "
         "each in its own process, and print one table; write OUT/compare.json and "
         "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
         "n_critic=5 supervised --epochs 3",
