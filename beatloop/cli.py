@@ -61,8 +61,8 @@ def _add_data_options(parser: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         metavar="KIND:PATH",
-        help="train on this data instead of the recipe's built-in data, e.g. folder:images/, "
-        "csv:table.csv, npz:arrays.npz (see `beatloop data`)",
+        help="the training data, e.g. folder:images/, csv:table.csv, npz:arrays.npz (see "
+        "`beatloop data`; default: the recipe's built-in data)",
     )
     parser.add_argument(
         "--validation-data",

@@ -380,6 +380,9 @@ def make_source(
     kind, path = parse_source(text)
     cls = registry().source(kind).cls
     owner = f"data source {kind!r}"
+    for setting in () if isinstance(settings, Mapping) else settings:
+        if not setting.partition("=")[0].strip() or "=" not in setting:
+            raise ConfigError(f"--data-set expects NAME=VALUE, got {setting!r}")
     given = (
         dict(settings)
         if isinstance(settings, Mapping)
