@@ -21,6 +21,11 @@ _EXPORTS = {
     "Engine": "beatloop.core.engine",
     "EngineOptions": "beatloop.core.options",
     "DataSplit": "beatloop.core.batches",
+    # data sources (--data KIND:PATH)
+    "DataSource": "beatloop.sources",
+    "SourceConfig": "beatloop.sources",
+    "load_data": "beatloop.sources",
+    "register_data_source": "beatloop.plugins.registry",
     # registry
     "recipes": "beatloop",  # the callable beatloop.recipes package; see its docstring
     "get_recipe": "beatloop.plugins.registry",
@@ -137,5 +142,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         ProgressBar,
     )
     from beatloop.plugins.hookspecs import hookimpl
-    from beatloop.plugins.registry import get_recipe, recipes, register
+    from beatloop.plugins.registry import get_recipe, recipes, register, register_data_source
     from beatloop.plugins.tensorboard import TensorBoard
+    from beatloop.sources import DataSource, SourceConfig, load_data

@@ -1,4 +1,4 @@
-"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``.
+"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``, ``data``.
 
 TensorFlow is imported only after the log level is set, with its start-up lines filtered
 out (``--verbose`` shows them). Every failure ends in one ``beatloop: error: ...`` line
@@ -34,6 +34,86 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 def _exit_codes() -> str:
     lines = [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
     return "exit codes:\n" + "\n".join(lines)
+
+
+class _DataHelp(argparse.Action):
+    """``beatloop data --help``: the command's help, then every data source kind and its
+    parameters (read from the registry only when asked: plugins load, TensorFlow too)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from beatloop.terminal import import_tensorflow_quietly
+
+        import_tensorflow_quietly()
+        print(parser.format_help())
+        print("data source kinds (--data KIND:PATH --data-set NAME=VALUE):")
+        for lines in _source_descriptions(None):
+            print("\n".join(f"  {line}" for line in lines))
+        parser.exit()
+
+
+def _add_data_options(parser: argparse.ArgumentParser) -> None:
+    """``--data``, ``--validation-data`` and ``--data-set``: data named on the command line
+    (see ``beatloop data``) in place of the recipe's built-in data."""
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="KIND:PATH",
+        help="the training data, e.g. folder:images/, csv:table.csv, npz:arrays.npz (see "
+        "`beatloop data`; default: the recipe's built-in data)",
+    )
+    parser.add_argument(
+        "--validation-data",
+        default=None,
+        metavar="KIND:PATH",
+        help="validate on this data, read with the same --data-set parameters (default: "
+        "what --data holds out with validation_fraction, none by default)",
+    )
+    parser.add_argument(
+        "--data-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter of the --data source (repeatable), e.g. image_size=28,28 or "
+        "label=target; see `beatloop data KIND`",
+    )
+
+
+def _data_option(args):
+    """The ``data=`` that ``--data`` asks for: ``None`` (the recipe's built-in data), or
+    a function ``(recipe, seed) -> DataSplit`` for ``fit`` to call."""
+    from beatloop.core.errors import ConfigError
+
+    if args.data is None:
+        if args.validation_data is not None or args.data_set:
+            given = "--validation-data" if args.validation_data is not None else "--data-set"
+            raise ConfigError(f"{given} needs --data KIND:PATH")
+        return None
+    from beatloop.sources import load_data
+
+    def data(recipe, seed):
+        return load_data(
+            args.data, args.data_set, recipe=recipe, seed=seed, validation=args.validation_data
+        )
+
+    return data
+
+
+def _source_descriptions(kind: str | None) -> list[list[str]]:
+    from beatloop.plugins.registry import registry
+    from beatloop.sources import describe_source
+
+    reg = registry()
+    names = reg.source_names() if kind is None else [reg.source(kind).name]
+    described = []
+    for name in names:
+        entry = reg.sources[name]
+        lines = describe_source(entry.cls)
+        lines[0] += "" if entry.origin == "built-in" else f"  [{entry.origin}]"
+        described.append(lines)
+    return described
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,11 +250,13 @@ def _parser() -> argparse.ArgumentParser:
         help="mirrored: every local device; multi_worker: the cluster in TF_CONFIG",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+    _add_data_options(run)
 
     compare = command(
         "compare",
         help="recipes (or configs of one) side by side: speed, memory, losses, quality",
-        description="Run each recipe on its default data for the same number of epochs, "
+        description="Run each recipe on its default data (or on --data) for the same number "
+        "of epochs, "
         "each in its own process, and print one table; write OUT/compare.json and "
         "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
         "n_critic=5 supervised --epochs 3",
@@ -195,6 +277,19 @@ def _parser() -> argparse.ArgumentParser:
         "--steps-per-execution", type=int, default=1, metavar="K", help="steps per compiled call"
     )
 
+    _add_data_options(compare)
+
+    sources = command(
+        "data",
+        add_help=False,
+        help="the data source kinds --data can name, and their parameters",
+        description="List the data source kinds (--data KIND:PATH) and each one's "
+        "parameters (--data-set NAME=VALUE), with type and default. Example: beatloop run "
+        "gan --data folder:images/ --data-set image_size=28,28 --data-set color_mode=grayscale",
+    )
+    sources.add_argument("-h", "--help", action=_DataHelp, help="show this help and every kind")
+    sources.add_argument("kind", nargs="?", default=None, help="one kind (default: every kind)")
+
     export = command(
         "export", help="write a run's inference models (from its latest checkpoint) as SavedModels"
     )
@@ -210,7 +305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
 
-    commands = {"list": _list, "show": _show, "run": _run, "export": _export, "compare": _compare}
+    commands = {
+        "list": _list,
+        "show": _show,
+        "run": _run,
+        "export": _export,
+        "compare": _compare,
+        "data": _data,
+    }
     try:
         if args.verbose:
             return commands[args.command](args)
@@ -301,7 +403,33 @@ def _show(args) -> int:
         print("\nsupplied models (models={NAME: model or .keras path}, --model NAME=PATH.keras):")
         for name, supplied in cls.supplied_models.items():
             print(f"  {name}: {supplied.describe()}")
+    _show_data(recipe)
     _show_variables(recipe, schedule)
+    return 0
+
+
+def _show_data(recipe) -> None:
+    """The batches the recipe takes, and the data source parameters it sets."""
+    from beatloop.core.recipe import defines
+
+    keys = ", ".join(
+        f"{key} (at least {rank} dimension(s), batch first)"
+        for key, rank in dict(recipe.batch_keys).items()
+    )
+    print("\ndata (--data KIND:PATH, see `beatloop data`):")
+    print(f"  batch keys: {keys or '(any)'}")
+    if recipe.source_defaults:
+        settings = ", ".join(f"{k}={v}" for k, v in recipe.source_defaults.items())
+        print(f"  source parameters it sets (unless --data-set sets them): {settings}")
+    if defines(recipe, "default_data"):
+        print("  without --data: its built-in data")
+    else:
+        print("  without --data: none (it has no built-in data)")
+
+
+def _data(args) -> int:
+    for index, lines in enumerate(_source_descriptions(args.kind)):
+        print(("\n" if index else "") + "\n".join(lines))
     return 0
 
 
@@ -377,6 +505,7 @@ def _run(args) -> int:
         jit_compile=args.jit_compile,
         precision=args.precision,
         strategy=strategy,
+        data=_data_option(args),
     )
     final = {name: values[-1] for name, values in result.history.items()}
     print(
@@ -511,13 +640,24 @@ def _compare(args) -> int:
 
     # Options may also come after the recipe names (argparse leaves them in the list).
     tokens, options = list(args.entries), {}
-    for flag, kind in (("--epochs", int), ("--out", Path), ("--seed", int), ("--repeats", int)):
+    flags = (("--epochs", int), ("--out", Path), ("--seed", int), ("--repeats", int))
+    flags += (("--data", str), ("--validation-data", str))
+    for flag, kind in flags:
         while flag in tokens:
             at = tokens.index(flag)
             if at + 1 >= len(tokens):
                 raise ConfigError(f"{flag} needs a value")
             options[flag[2:]] = kind(tokens[at + 1])
             del tokens[at : at + 2]
+    while "--data-set" in tokens:
+        at = tokens.index("--data-set")
+        if at + 1 >= len(tokens):
+            raise ConfigError("--data-set needs NAME=VALUE")
+        args.data_set.append(tokens[at + 1])
+        del tokens[at : at + 2]
+    args.data = options.get("data", args.data)
+    args.validation_data = options.get("validation-data", args.validation_data)
+    _data_option(args)  # --validation-data or --data-set without --data fails here
     try:
         entries = parse_entries(tokens)
     except ValueError as error:
@@ -537,6 +677,9 @@ def _compare(args) -> int:
         seed=options.get("seed", args.seed),
         repeats=options.get("repeats", args.repeats),
         steps_per_execution=args.steps_per_execution,
+        data=args.data,
+        data_settings=tuple(args.data_set),
+        validation_data=args.validation_data,
     )
     print()
     print(format_table(rows))

@@ -70,11 +70,16 @@ def compare(
     seed: int = 0,
     repeats: int = 1,
     steps_per_execution: int = 1,
+    data: str | None = None,
+    data_settings: Sequence[str] = (),
+    validation_data: str | None = None,
     timeout: float = 1800,
     echo=print,
 ) -> list[dict[str, Any]]:
     """Run every entry ``repeats`` times (medians reported), write ``out/compare.json``
-    and ``out/loss_curves.png``, and return one row of figures per entry."""
+    and ``out/loss_curves.png``, and return one row of figures per entry. ``data`` (a
+    ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
+    :func:`beatloop.sources.load_data`) replaces every recipe's built-in data."""
     from beatloop.core.errors import BeatloopError
 
     out.mkdir(parents=True, exist_ok=True)
@@ -92,11 +97,20 @@ def compare(
                 "seed": seed,
                 "steps_per_execution": steps_per_execution,
                 "run_dir": str(out / entry.slug / f"run{repeat + 1}"),
+                "data": data,
+                "data_settings": list(data_settings),
+                "validation_data": validation_data,
             }
             echo(f"{entry.label}: run {repeat + 1}/{repeats} ...")
             runs.append(_run_isolated(spec, timeout))
         rows.append(_summary(entry, runs))
     record = {"epochs": epochs, "seed": seed, "repeats": repeats, "rows": rows}
+    if data is not None:
+        record["data"] = {
+            "source": data,
+            "settings": list(data_settings),
+            "validation": validation_data,
+        }
     (out / "compare.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     plot_loss_curves(rows, out / "loss_curves.png")
     return rows
@@ -217,6 +231,19 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     cls = get_recipe(spec["recipe"])
     overrides = parse_settings(spec["settings"], cls.Config, f"recipe {cls.name!r}")
     timer = beatloop.TrainingTimer()
+    data = None
+    if spec.get("data") is not None:
+        from beatloop.sources import load_data
+
+        def data(recipe, seed):
+            return load_data(
+                spec["data"],
+                spec.get("data_settings", ()),
+                recipe=recipe,
+                seed=seed,
+                validation=spec.get("validation_data"),
+            )
+
     before = _resident_mb()
     result = beatloop.fit(
         cls,
@@ -227,6 +254,7 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
         run_dir=spec["run_dir"],
         callbacks=[timer],
         progress=False,
+        data=data,
     )
     beats = [beat.name for beat in result.bound.beats]
     quality = cls.quality_figure

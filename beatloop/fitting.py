@@ -70,7 +70,9 @@ def fit(
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
     ``data`` is a ``tf.data.Dataset``, a ``(train, validation)`` pair or a DataSplit of
-    batched ``(x, y)`` tuples or dicts; ``None`` takes the recipe's built-in data.
+    batched ``(x, y)`` tuples or dicts; ``None`` takes the recipe's built-in data; a
+    function ``data(recipe, seed)`` returning one of those is called once the configured
+    recipe and the run's seed are known (what ``beatloop run --data`` passes).
     ``models`` and ``optimizers`` replace the recipe's parts by name; a model may be a
     Keras model or the path of a ``.keras`` file, and every model the recipe declares
     in ``supplied_models`` without a fallback must be given.
@@ -116,6 +118,8 @@ def fit(
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     seed = _seed_everything(seed, run_path)
+    if callable(data):  # made once the recipe and the seed are known (--data)
+        data = data(recipe, seed)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
     history = History()
     engine = Engine(

@@ -53,7 +53,8 @@ class Recipe(abc.ABC):
     by name, built for batches of that spec; without it every run passes ``models=``),
     ``supplied_models`` (models the user supplies, see :class:`SuppliedModel`),
     ``batch_keys`` (key -> minimum rank), ``primary_model`` (the model Keras callbacks
-    see), ``label_classes()`` (label keys -> the config
+    see), ``source_defaults`` (data source parameters it wants, see
+    :mod:`beatloop.sources`), ``label_classes()`` (label keys -> the config
     field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
@@ -73,6 +74,10 @@ class Recipe(abc.ABC):
     #: The model a Keras callback sees as ``self.model`` unless told otherwise (with the
     #: optimizer of the beat that updates it); ``None``: the one model the beats update.
     primary_model: ClassVar[str | None] = None
+    #: Parameter defaults this recipe wants from a data source named on the command line
+    #: (``--data``), applied to the sources that have the parameter unless the user sets
+    #: it: the gan's ``{"value_range": "signed"}`` has a folder's pixels in [-1, 1].
+    source_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config

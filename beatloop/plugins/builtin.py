@@ -1,4 +1,5 @@
-"""The built-in recipes and callbacks, registered through the same hooks as plugins."""
+"""The built-in recipes, callbacks and data sources, registered through the same hooks as
+plugins."""
 
 from __future__ import annotations
 
@@ -28,3 +29,10 @@ def register_callbacks() -> list[type]:
     from beatloop.plugins.tensorboard import TensorBoard
 
     return [ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard, TrainingTimer]
+
+
+@hookimpl
+def register_data_sources() -> list[type]:
+    from beatloop.sources import CsvSource, FolderSource, NpzSource
+
+    return [FolderSource, CsvSource, NpzSource]

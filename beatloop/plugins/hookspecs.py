@@ -20,3 +20,9 @@ def register_recipes() -> list[type]:
 @hookspec
 def register_callbacks() -> list[type]:
     """Return Callback classes a run can name (each sets ``callback_name``)."""
+
+
+@hookspec
+def register_data_sources() -> list[type]:
+    """Return DataSource classes (subclasses of ``beatloop.DataSource``, each with a
+    ``name``) that ``--data NAME:PATH`` can name."""

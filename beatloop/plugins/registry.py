@@ -1,4 +1,4 @@
-"""The recipe and callback registry, filled through pluggy from the built-in plugin and
+"""The recipe, callback and data source registry, filled through pluggy from the built-in plugin and
 from every installed package's ``beatloop`` entry points.
 
 Nothing loads at import: the registry fills the first time it is asked for a name.
@@ -17,9 +17,15 @@ import pluggy
 
 from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback
-from beatloop.core.errors import RecipeNotFoundError, RegistrationError, did_you_mean
+from beatloop.core.errors import (
+    ConfigError,
+    RecipeNotFoundError,
+    RegistrationError,
+    did_you_mean,
+)
 from beatloop.core.recipe import Recipe
 from beatloop.plugins import builtin, hookspecs
+from beatloop.sources import DataSource
 
 BUILTIN = "built-in"
 DISABLE_AUTOLOAD = "BEATLOOP_DISABLE_PLUGIN_AUTOLOAD"
@@ -63,6 +69,33 @@ def check_recipe_class(cls: object, origin: str) -> None:
         lines = "\n".join(f"  - {problem}" for problem in problems)
         raise RegistrationError(
             f"recipe class {cls.__module__}.{cls.__qualname__} from {origin} has "
+            f"{len(problems)} problem(s):\n{lines}"
+        )
+
+
+def check_source_class(cls: object, origin: str) -> None:
+    """Refuse a class that cannot work as a data source, listing every problem at once."""
+    if not (inspect.isclass(cls) and issubclass(cls, DataSource)):
+        raise RegistrationError(
+            f"{origin} registered {cls!r}, which is not a beatloop.DataSource subclass"
+        )
+    problems = []
+    if not isinstance(cls.name, str) or not cls.name.isidentifier():
+        problems.append(f"it lacks a `name` that is a Python-style identifier (found {cls.name!r})")
+    if not attrs.has(cls.Config):
+        problems.append(f"it lacks a `Config` that is an attrs class (found {cls.Config!r})")
+    else:
+        try:
+            cls.Config()
+        except Exception as error:
+            problems.append(f"its default config cannot be built: {_described(error)}")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        problems.append(f"it lacks the method(s) {', '.join(missing)}")
+    if problems:
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        raise RegistrationError(
+            f"data source class {cls.__module__}.{cls.__qualname__} from {origin} has "
             f"{len(problems)} problem(s):\n{lines}"
         )
 
@@ -131,13 +164,15 @@ def _type(value: object) -> str:
 
 
 class Registry:
-    """Recipes and callbacks by name, with their origins and the plugins that failed."""
+    """Recipes, callbacks and data sources by name, with their origins and the plugins
+    that failed."""
 
     def __init__(self, load_entry_points: bool = True):
         self.manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.manager.add_hookspecs(hookspecs)
         self.recipes: dict[str, Entry] = {}
         self.callbacks: dict[str, Entry] = {}
+        self.sources: dict[str, Entry] = {}
         self.failures: list[PluginFailure] = []
         self._origins: dict[str, str] = {}
         self._add_plugin(builtin, "beatloop.builtin", BUILTIN)
@@ -181,6 +216,7 @@ class Registry:
         for hook, table, check in (
             (self.manager.hook.register_recipes, self.recipes, self._check_recipe),
             (self.manager.hook.register_callbacks, self.callbacks, self._check_callback),
+            (self.manager.hook.register_data_sources, self.sources, check_source_class),
         ):
             for impl in hook.get_hookimpls():
                 origin = self._origins[impl.plugin_name]
@@ -215,7 +251,7 @@ class Registry:
 
     @staticmethod
     def _add(table: dict[str, Entry], cls: type, origin: str, plugin: str) -> None:
-        name = cls.name if issubclass(cls, Recipe) else cls.callback_name
+        name = cls.callback_name if issubclass(cls, Callback) else cls.name
         existing = table.get(name)
         if existing is not None and existing.cls is not cls:
             raise RegistrationError(
@@ -232,6 +268,29 @@ class Registry:
         check_recipe_class(cls, origin)
         self._add(self.recipes, cls, origin, cls.__module__)
         return cls
+
+    def register_source(self, cls: type) -> type:
+        """Register a data source class from a script or notebook, without packaging."""
+        origin = f"registered in {cls.__module__}"
+        check_source_class(cls, origin)
+        self._add(self.sources, cls, origin, cls.__module__)
+        return cls
+
+    def source(self, name: str) -> Entry:
+        """The data source kind ``name`` (the ``KIND`` of ``--data KIND:PATH``)."""
+        try:
+            return self.sources[name]
+        except KeyError:
+            failed = "".join(
+                f"; plugin {f.plugin} ({f.origin}) failed to load: {f.error}" for f in self.failures
+            )
+            raise ConfigError(
+                f"no data source kind {name!r}{did_you_mean(name, self.sources)}; known "
+                f"kinds: {', '.join(self.source_names()) or '(none)'}{failed}"
+            ) from None
+
+    def source_names(self) -> list[str]:
+        return sorted(self.sources)
 
     def recipe(self, name: str) -> Entry:
         if not isinstance(name, str):
@@ -296,3 +355,8 @@ def get_recipe(name: str) -> type[Recipe]:
 def register(cls: type[Recipe]) -> type[Recipe]:
     """Register a recipe class at run time; usable as a class decorator."""
     return registry().register(cls)
+
+
+def register_data_source(cls: type[DataSource]) -> type[DataSource]:
+    """Register a data source class at run time; usable as a class decorator."""
+    return registry().register_source(cls)

@@ -134,6 +134,8 @@ class Gan(Recipe):
     quality_figure = ("sample_score", "max")
     Config = GanConfig
     batch_keys = {"x": 2}
+    # The generator's tanh makes samples in [-1, 1]: real images from --data must match.
+    source_defaults = {"value_range": "signed"}
 
     def __init__(self, config=None):
         super().__init__(config)
