@@ -91,14 +91,9 @@ def _data_option(args):
             given = "--validation-data" if args.validation_data is not None else "--data-set"
             raise ConfigError(f"{given} needs --data KIND:PATH")
         return None
-    from beatloop.sources import load_data
+    from beatloop.sources import NamedData
 
-    def data(recipe, seed):
-        return load_data(
-            args.data, args.data_set, recipe=recipe, seed=seed, validation=args.validation_data
-        )
-
-    return data
+    return NamedData(args.data, tuple(args.data_set), args.validation_data)
 
 
 def _source_descriptions(kind: str | None) -> list[list[str]]:

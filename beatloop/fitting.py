@@ -27,6 +27,7 @@ from beatloop.core.result import FitResult
 from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
+from beatloop.sources import NamedData
 
 
 def make_recipe(
@@ -118,6 +119,7 @@ def fit(
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     seed = _seed_everything(seed, run_path)
+    source = data.to_json() if isinstance(data, NamedData) else None
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
@@ -132,7 +134,7 @@ def fit(
         engine.resume()
         before = RunDirBefore(run_path)
         create_run_dir(run_path)  # the run starts: only now is anything written
-        _write_run_json(run_path, engine, epochs)
+        _write_run_json(run_path, engine, epochs, source)
     start = engine.run.step
     try:
         engine.fit(epochs)
@@ -220,8 +222,10 @@ def _run_callbacks(callbacks: Sequence[Callback], run_dir: Path | None, progress
     return [*added, *callbacks]
 
 
-def _write_run_json(run_dir: Path, engine: Engine, epochs: int) -> None:
-    """``run.json``: the run record, and how this run was asked to go."""
+def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> None:
+    """``run.json``: the run record, and how this run was asked to go (with the data
+    source named on the command line, if one was)."""
+    facts = {} if source is None else {"data_source": source}
     write_run_json(
         run_dir / "run.json",
         engine.parts.record,
@@ -230,6 +234,7 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int) -> None:
         checkpoint_every=engine.options.checkpoint_every,
         resumed_from=engine.run.resumed_from,
         updates={beat.name: [v.path for v in beat.variables] for beat in engine.bound.beats},
+        **facts,
     )
 
 

@@ -2,11 +2,13 @@
 RUN_DIR/run.json`` (a recorded run, replayed).
 
 A run file holds what the ``run`` command's flags say, under the flags' names with
-underscores (``steps_per_execution = 32``), plus ``recipe``, a ``[config]`` table of the
-recipe's fields, ``callbacks = ["csv"]`` and a ``[models]`` table (``teacher =
-"teacher.keras"``). The command's own flags override the file, and ``--set`` overrides
-its ``[config]``. A recorded ``run.json`` gives its recipe, config, seed, epochs,
-precision, steps per execution and checkpoint interval: the same run again, bit for bit.
+underscores (``steps_per_execution = 32``, ``data = "csv:table.csv"``), plus ``recipe``,
+a ``[config]`` table of the recipe's fields, ``callbacks = ["csv"]``, a ``[models]``
+table (``teacher = "teacher.keras"``) and a ``[data_set]`` table of the data source's
+parameters. The command's own flags override the file, and ``--set`` overrides its
+``[config]``. A recorded ``run.json`` gives its recipe, config, seed, epochs, precision,
+steps per execution, checkpoint interval and the data named on the command line: the
+same run again, bit for bit.
 """
 
 from __future__ import annotations
@@ -64,7 +66,11 @@ def _recorded(path: Path, text: str, options: Mapping[str, Any]) -> RunFile:
         raise ConfigError(
             f"--config {path} is not a beatloop run.json (it has no recipe and config)"
         )
-    return _run_file(path, {key: record[key] for key in RECORDED if key in record}, options)
+    values = {key: record[key] for key in RECORDED if key in record}
+    source = record.get("data_source")  # the data named on the command line, if any
+    if isinstance(source, dict):
+        values.update({k: v for k, v in source.items() if v not in (None, [])})
+    return _run_file(path, values, options)
 
 
 def _run_file(path: Path, values: Mapping[str, Any], options: Mapping[str, Any]) -> RunFile:
@@ -98,6 +104,12 @@ def _checked(key: str, value: Any, action) -> Any:
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"'callbacks' expects a list of callback names, got {value!r}")
         return value
+    if key == "data_set":  # a table of the data source's parameters, or NAME=VALUE texts
+        if isinstance(value, dict):
+            return [f"{name}={_setting_text(v)}" for name, v in value.items()]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        raise ConfigError(f"[data_set] expects NAME = value entries, got {value!r}")
     if key == "models":
         if not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
             raise ConfigError(f'[models] expects NAME = "PATH.keras" entries, got {value!r}')
@@ -125,6 +137,15 @@ def _checked(key: str, value: Any, action) -> Any:
         choices = ", ".join(map(repr, action.choices))
         raise ConfigError(f"{key!r} expects one of {choices}, got {value!r}")
     return value
+
+
+def _setting_text(value: Any) -> str:
+    """A TOML value as ``--data-set NAME=VALUE`` writes it (``28,28``, ``true``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(_setting_text(v) for v in value)
+    return str(value)
 
 
 def _tupled(value: Any) -> Any:

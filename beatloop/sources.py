@@ -465,3 +465,27 @@ def describe_source(cls: type[DataSource]) -> list[str]:
             default = default.factory()
         lines.append(f"  {field.name}: {type_name(field.type)} = {default!r}")
     return lines
+
+
+@attrs.frozen
+class NamedData:
+    """The data ``--data SOURCE --data-set ... --validation-data ...`` names, as ``fit``'s
+    ``data=``: called with the recipe and the seed once both are known, and recorded in
+    ``run.json`` (``data_source``) so ``run --config RUN_DIR/run.json`` reads it again."""
+
+    source: str
+    settings: tuple[str, ...] = ()
+    validation: str | None = None
+
+    def __call__(self, recipe: Any, seed: int) -> DataSplit:
+        return load_data(
+            self.source, self.settings, recipe=recipe, seed=seed, validation=self.validation
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``run`` command's options that name this data, as ``run.json`` keeps them."""
+        return {
+            "data": self.source,
+            "data_set": list(self.settings),
+            "validation_data": self.validation,
+        }

@@ -1,5 +1,6 @@
 """Runs described in files: a TOML run file, and a recorded run.json replayed bit for bit."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,28 @@ def test_a_json_file_that_is_no_run_record_is_refused(tmp_path, capsys):
     assert code == 2 and "is not a beatloop run.json" in err
     code, _, err = run(["run", "--config", tmp_path / "missing.toml"], capsys)
     assert code == 2 and "no such file" in err
+
+
+def test_a_run_file_names_its_data_and_the_replay_reads_it_again(tmp_path, capsys, small_digits):
+    train, _ = small_digits
+    header = ",".join([*(f"p{i}" for i in range(64)), "digit"])
+    pairs = zip(train["x"], train["y"], strict=True)
+    rows = [",".join([*(repr(float(v)) for v in x), str(int(y))]) for x, y in pairs]
+    (tmp_path / "digits.csv").write_text("\n".join([header, *rows]) + "\n")
+    (tmp_path / "run.toml").write_text(
+        TINY + f'data = "csv:{tmp_path / "digits.csv"}"\n'
+        '[data_set]\nlabel = "digit"\nbatch_size = 50\nvalidation_fraction = 0.2\n' + FIELDS
+    )
+    code, first, _ = run(["run", "--config", tmp_path / "run.toml", "--run-dir", tmp_path / "a"],
+                         capsys)  # fmt: skip
+    assert code == 0, first
+    assert "2 epoch(s), 8 steps" in first  # 160 of the 200 rows train, in batches of 50
+    recorded = json.loads((tmp_path / "a" / "run.json").read_text())["data_source"]
+    assert recorded["data"] == f"csv:{tmp_path / 'digits.csv'}"
+    assert recorded["data_set"] == ["label=digit", "batch_size=50", "validation_fraction=0.2"]
+    replay = ["run", "--config", tmp_path / "a" / "run.json", "--run-dir", tmp_path / "b",
+              "--quiet"]  # fmt: skip
+    code, second, _ = run(replay, capsys)
+    assert code == 0 and first.splitlines()[0] == second.splitlines()[0]
+    a, b = model_variables(tmp_path / "a"), model_variables(tmp_path / "b")
+    assert all(np.array_equal(a[name], b[name]) for name in a)
