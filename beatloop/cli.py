@@ -1,4 +1,5 @@
-"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``.
+"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``,
+``evaluate``.
 
 TensorFlow is imported only after the log level is set, with its start-up lines filtered
 out (``--verbose`` shows them). Every failure ends in one ``beatloop: error: ...`` line
@@ -186,6 +187,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("run_dir", type=Path, help="the run dir to export")
     export.add_argument("out", type=Path, help="the folder the SavedModels go to")
+
+    evaluate = command(
+        "evaluate",
+        help="a run's validation figures at its latest checkpoint (its recipe's validation "
+        "step: every beat's loss and every metric)",
+    )
+    evaluate.add_argument("run_dir", type=Path, help="the run dir to evaluate")
     return parser
 
 
@@ -195,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
 
     commands = {"list": _list, "show": _show, "run": _run, "export": _export, "compare": _compare}
+    commands["evaluate"] = _evaluate
     try:
         if args.verbose:
             return commands[args.command](args)
@@ -495,6 +504,19 @@ def _export(args) -> int:
     print(f"{result.recipe.name}: restored {result.checkpoint} (step {result.steps})")
     for name, path in result.export(args.out).items():
         print(f"{name}: {path}")
+    return 0
+
+
+def _evaluate(args, data=None) -> int:
+    """Print one line per figure, ``NAME  VALUE`` (the value as Python writes the float:
+    exact). ``data``: the data set to evaluate on (``None``: the recipe's validation
+    data); where a ``--data`` option plugs in."""
+    from beatloop.fitting import evaluate
+
+    figures = evaluate(args.run_dir, data)
+    width = max(map(len, figures), default=0)
+    for name, value in figures.items():
+        print(f"{name:<{width}}  {value!r}")
     return 0
 
 
