@@ -216,3 +216,31 @@ def test_the_evaluate_pages_block_runs(capsys, monkeypatch, tmp_path):
     (block,) = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     exec(compile(block, str(page), "exec"), {})
     assert capsys.readouterr().out == "['accuracy', 'loss']\n"
+
+
+def test_a_recipe_without_built_in_data_evaluates_on_the_data_given(
+    small_digits, tmp_path, monkeypatch
+):
+    from beatloop.plugins import registry as registry_module
+
+    class Unbundled(beatloop.get_recipe("supervised")):
+        """Supervised, without built-in data (test recipe)."""
+
+        name = "unbundled_test"
+        default_data = beatloop.Recipe.default_data
+
+    registry = registry_module.Registry(load_entry_points=False)
+    registry.register(Unbundled)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    train, validation = small_digits
+    run_dir = tmp_path / "run"
+    result = beatloop.fit(
+        "unbundled_test", data=tuple_batches(train, 50), epochs=1, seed=0, run_dir=run_dir
+    )
+    with pytest.raises(beatloop.DataError, match=r"'unbundled_test' has no built-in data .*data="):
+        beatloop.evaluate(run_dir)
+    rows = tuple_batches(validation, 40)
+    assert beatloop.evaluate(run_dir, rows) == result.evaluate(rows)
+    assert result.evaluate(rows) == pytest.approx(
+        by_hand(result.models["model"], validation), rel=1e-5
+    )
