@@ -17,6 +17,7 @@ _EXPORTS = {
     "fit": "beatloop.fitting",
     "make_recipe": "beatloop.fitting",
     "restore": "beatloop.fitting",
+    "evaluate": "beatloop.fitting",
     "FitResult": "beatloop.core.result",
     "Engine": "beatloop.core.engine",
     "EngineOptions": "beatloop.core.options",
@@ -133,7 +134,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run
     from beatloop.core.supplied import SuppliedModel
-    from beatloop.fitting import fit, make_recipe
+    from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (
         CsvLogger,
         EarlyStopping,

@@ -1,4 +1,5 @@
-"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``, ``data``.
+"""The ``beatloop`` command: ``list``, ``show``, ``run``, ``compare``, ``export``,
+``evaluate``, ``data``.
 
 TensorFlow is imported only after the log level is set, with its start-up lines filtered
 out (``--verbose`` shows them). Every failure ends in one ``beatloop: error: ...`` line
@@ -290,6 +291,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("run_dir", type=Path, help="the run dir to export")
     export.add_argument("out", type=Path, help="the folder the SavedModels go to")
+
+    evaluate = command(
+        "evaluate",
+        help="a run's validation figures at its latest checkpoint (its recipe's validation "
+        "step: every beat's loss and every metric)",
+    )
+    evaluate.add_argument("run_dir", type=Path, help="the run dir to evaluate")
+    evaluate.add_argument(
+        "--data",
+        default=None,
+        metavar="KIND:PATH",
+        help="evaluate on every example of this source, e.g. csv:new.csv (see `beatloop "
+        "data`; default: the recipe's validation data)",
+    )
+    evaluate.add_argument(
+        "--data-set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter of the --data source (repeatable)",
+    )
     return parser
 
 
@@ -307,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "compare": _compare,
         "data": _data,
+        "evaluate": _evaluate,
     }
     try:
         if args.verbose:
@@ -690,6 +713,39 @@ def _export(args) -> int:
     for name, path in result.export(args.out).items():
         print(f"{name}: {path}")
     return 0
+
+
+def _evaluate(args) -> int:
+    """Print one line per figure, ``NAME  VALUE`` (the value as Python writes the float:
+    exact), on the ``--data`` source's every example or the recipe's validation data."""
+    from beatloop.fitting import evaluate
+
+    figures = evaluate(args.run_dir, _evaluation_data(args))
+    width = max(map(len, figures), default=0)
+    for name, value in figures.items():
+        print(f"{name:<{width}}  {value!r}")
+    return 0
+
+
+def _evaluation_data(args):
+    """The data set ``evaluate --data`` names, read for the run's recipe and seed (its
+    batch size, its source defaults); ``None`` without ``--data``."""
+    from beatloop.core.checkpoints import latest_record
+    from beatloop.core.errors import CheckpointError, ConfigError
+    from beatloop.fitting import config_overrides, make_recipe
+    from beatloop.plugins.registry import get_recipe
+    from beatloop.sources import load_whole
+
+    if args.data is None:
+        if args.data_set:
+            raise ConfigError("--data-set needs --data KIND:PATH")
+        return None
+    record = latest_record(args.run_dir)
+    if record is None:
+        raise CheckpointError(f"{args.run_dir} holds no readable checkpoint to evaluate")
+    cls = get_recipe(record.recipe)
+    recipe = make_recipe(cls, config_overrides(cls, record.config))
+    return load_whole(args.data, args.data_set, recipe=recipe, seed=record.seed, role="evaluation")
 
 
 if __name__ == "__main__":

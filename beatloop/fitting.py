@@ -1,5 +1,6 @@
 """``beatloop.fit``: pick a recipe by name, configure it, and run it on the engine;
-``beatloop.restore``: the run in a run dir, as its latest checkpoint left it."""
+``beatloop.restore``: the run in a run dir, as its latest checkpoint left it;
+``beatloop.evaluate``: that run's validation figures on a data set."""
 
 from __future__ import annotations
 
@@ -14,14 +15,19 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import as_data_split
+from beatloop.core.batches import (
+    DataSplit,
+    as_data_split,
+    as_evaluation_data,
+    check_evaluation_data,
+)
 from beatloop.core.callbacks import Callback
 from beatloop.core.checkpoints import latest_record
 from beatloop.core.config import make_config
 from beatloop.core.engine import Engine
-from beatloop.core.errors import CheckpointError, ConfigError
+from beatloop.core.errors import CheckpointError, ConfigError, DataError
 from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
-from beatloop.core.recipe import Recipe
+from beatloop.core.recipe import Recipe, defines
 from beatloop.core.record import write_run_json
 from beatloop.core.result import FitResult
 from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir
@@ -147,27 +153,110 @@ def fit(
 
 def restore(run_dir: str | Path) -> FitResult:
     """The run in ``run_dir`` as it stands at its latest checkpoint, without training:
-    its models, optimizers and history, ready to ``export`` or inspect. The recipe is
-    rebuilt by name (it must be registered) with its recorded config and seed, on its
-    built-in data; a run trained on other data or models is refused with the reason."""
+    its models, optimizers and history, ready to ``export``, ``evaluate`` or inspect. The
+    recipe is rebuilt by name (it must be registered) with its recorded config and seed,
+    on its built-in data; a run trained on other data or models is refused with the
+    reason."""
     run_path = Path(run_dir)
+    stored = _stored_record(run_path, "restore")
+    recipe = _recorded_recipe(stored)
+    history = History()
+    engine = _restored_engine(
+        run_path, stored, recipe, as_data_split(recipe.default_data(stored.seed)), [history]
+    )
+    return _result(engine, history)
+
+
+def evaluate(run_dir: str | Path, data=None, *, steps_per_execution: int = 1) -> dict[str, float]:
+    """The validation figures of the run in ``run_dir`` at its latest checkpoint: every
+    beat's loss and every metric, models in inference mode, over ``data`` (a batched
+    ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, like the validation data ``fit``
+    takes; ``None``: the recipe's built-in validation data), by name without the
+    ``val_`` prefix. The run is rebuilt as :func:`restore` rebuilds it; with ``data``
+    it is rebuilt on that data when its batches are the ones the run trained on (so a
+    run on other data, or of a recipe with no built-in data, evaluates on data like its
+    training data). Nothing is trained and nothing is written."""
+    run_path = Path(run_dir)
+    stored = _stored_record(run_path, "evaluate")
+    recipe = _recorded_recipe(stored)
+    options = _engine_options(steps_per_execution=steps_per_execution)
+    engine = _restored_engine(
+        run_path, stored, recipe, _evaluation_split(run_path, recipe, stored, data), [], options
+    )
+    return engine.evaluate(data)
+
+
+def _spec_differences(run: Mapping[str, str], built_in: Mapping[str, str]) -> str:
+    """Where two recorded batch specs (each key's ``TensorSpec`` as text) differ."""
+    return "; ".join(
+        f"{key!r} is {run.get(key, 'absent')} in the run, {built_in.get(key, 'absent')} there"
+        for key in sorted(set(run) | set(built_in))
+        if run.get(key) != built_in.get(key)
+    )
+
+
+def _stored_record(run_path: Path, verb: str):
     stored = latest_record(run_path)
     if stored is None:
-        raise CheckpointError(f"{run_path} holds no readable checkpoint to restore")
+        raise CheckpointError(f"{run_path} holds no readable checkpoint to {verb}")
+    return stored
+
+
+def _recorded_recipe(stored) -> Recipe:
     cls = get_recipe(stored.recipe)
-    recipe = make_recipe(cls, config_overrides(cls, stored.config))
+    return make_recipe(cls, config_overrides(cls, stored.config))
+
+
+def _restored_engine(
+    run_path: Path, stored, recipe: Recipe, split, callbacks, options=None
+) -> Engine:
+    """An engine of the recorded run on ``split``, its latest checkpoint restored."""
     keras.utils.set_random_seed(stored.seed)
-    history = History()
     engine = Engine(
         recipe,
-        as_data_split(recipe.default_data(stored.seed)),
-        callbacks=[history],
+        split,
+        callbacks=callbacks,
+        options=options,
         run_dir=run_path,
         seed=stored.seed,
         label=registry().describe_origin(stored.recipe),
     )
     engine.resume()
-    return _result(engine, history)
+    return engine
+
+
+def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit:
+    """The data a run is rebuilt on to evaluate: the recipe's built-in data without
+    ``data``; with it, ``data`` itself as the training batches when they are those the
+    run recorded (or the recipe has no built-in data), else the built-in training data."""
+    built_in = defines(recipe, "default_data")
+    if data is None:
+        if not built_in:
+            raise DataError(
+                f"recipe {recipe.name!r} has no built-in data to evaluate on: pass data= "
+                "(a batched tf.data.Dataset like the run's training data)"
+            )
+        split = as_data_split(recipe.default_data(stored.seed))
+        if split.validation is None:
+            raise DataError(
+                f"recipe {recipe.name!r}'s built-in data has no validation split: pass data="
+            )
+        built = {key: str(spec) for key, spec in split.train.element_spec.items()}
+        if built != stored.data:
+            raise DataError(
+                f"the run in {run_path} trained on other batches than recipe "
+                f"{recipe.name!r}'s built-in data ({_spec_differences(stored.data, built)}): "
+                "pass data= with batches like its training batches"
+            )
+        return split
+    evaluation = as_evaluation_data(data)
+    # Checked as evaluation data before it may stand in for the training batches.
+    label = registry().describe_origin(stored.recipe)
+    check_evaluation_data(evaluation, {}, recipe.batch_keys, recipe.check_batch_spec, label)
+    recorded = {key: str(spec) for key, spec in evaluation.element_spec.items()}
+    if recorded == stored.data or not built_in:
+        return DataSplit(evaluation)
+    return DataSplit(as_data_split(recipe.default_data(stored.seed)).train)
 
 
 def config_overrides(cls: type[Recipe], recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,4 +340,5 @@ def _result(engine: Engine, history: History) -> FitResult:
         artifacts=dict(engine.run.artifacts),
         resumed_from=engine.run.resumed_from,
         checkpoint=engine.recovery.latest,
+        engine=engine,
     )

@@ -15,7 +15,7 @@ import inspect
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
@@ -23,6 +23,9 @@ import numpy as np
 from beatloop.core.batches import DataSplit
 from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 #: The batch size of a source that sets none, for a recipe without a ``batch_size`` field.
 DEFAULT_BATCH_SIZE = 32
@@ -428,13 +431,27 @@ def load_data(
             f"--validation-data {validation} is given and data source {source!r} also holds "
             f"out validation_fraction={train_source.config.validation_fraction}; use one"
         )
-    held = make_source(validation, settings, recipe)
+    return DataSplit(split.train, load_whole(validation, settings, recipe=recipe, seed=seed))
+
+
+def load_whole(
+    source: str,
+    settings: Sequence[str] | Mapping[str, Any] = (),
+    *,
+    recipe: Any,
+    seed: int,
+    role: str = "validation",
+) -> tf.data.Dataset:
+    """Every example ``source`` holds, unshuffled and none held out, in batches the size
+    ``recipe`` trains with: validation data (``--validation-data``), or the data
+    ``beatloop evaluate --data`` evaluates on (``role`` names it in errors)."""
+    held = make_source(source, settings, recipe)
     fields = {field.name for field in attrs.fields(type(held.config))}
     whole = {k: v for k, v in (("validation_fraction", 0.0), ("shuffle", False)) if k in fields}
     held = type(held)(held.path, attrs.evolve(held.config, **whole))
-    validation_split = held.load(seed, size)
-    _check_keys(validation_split, held, recipe, "validation")
-    return DataSplit(split.train, validation_split.train)
+    split = held.load(seed, batch_size_for(held, recipe))
+    _check_keys(split, held, recipe, role)
+    return split.train
 
 
 def _check_keys(split: DataSplit, source: DataSource, recipe: Any, role: str) -> None:

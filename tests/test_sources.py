@@ -403,3 +403,21 @@ def test_a_source_class_is_checked_when_registered(monkeypatch):
         load_data("ramp:x", recipe=Gan(), seed=0)
     with pytest.raises(DataError, match="gives \\['x'\\] \\(missing \\['y'\\]\\)"):
         load_data("constant:x", recipe=Supervised(), seed=0)
+
+
+def test_evaluate_takes_a_source_and_equals_evaluating_its_arrays(tmp_path, digits_csv, capsys):
+    from helpers import tuple_batches
+
+    import beatloop
+
+    path, train = digits_csv
+    source = ["--data", f"csv:{path}", "--data-set", "label=digit", "--data-set", "batch_size=50"]
+    assert _run(tmp_path, "supervised", *source) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "run"), *source]) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    expected = beatloop.evaluate(tmp_path / "run", tuple_batches(train, 50))
+    assert {name: float(value) for name, value in printed.items()} == expected
+    assert set(expected) == {"loss", "accuracy"} and 0.0 < expected["accuracy"] < 1.0
+    assert main(["evaluate", str(tmp_path / "run"), "--data-set", "label=digit"]) == 2
+    assert "--data-set needs --data" in capsys.readouterr().err

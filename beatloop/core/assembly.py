@@ -55,6 +55,11 @@ class RunParts:
     record: RunRecord
     #: The divergence guard (``divergence=``), or ``None`` when it is off.
     divergence: DivergenceGuard | None = None
+    #: What validation draws noise from: its own generator, reset to the run's seed at
+    #: the start of every validation pass (:mod:`beatloop.core.evaluation`), so the same
+    #: weights on the same data give the same figures, and validating draws nothing
+    #: from the run's generator (training is the same with or without it).
+    validation_random: tf.random.Generator | None = None
 
 
 def assemble(
@@ -68,16 +73,15 @@ def assemble(
     label: str | None = None,
     strategy: tf.distribute.Strategy | None = None,
 ) -> RunParts:
-    """Build and check every part of a run of ``recipe`` on ``data``; ``models`` and
-    ``optimizers`` replace the recipe's parts of the same names (a model may be given as
-    the path of a ``.keras`` file)."""
+    """Build and check every part of a run of ``recipe`` on ``data``; ``models`` (or
+    ``.keras`` paths) and ``optimizers`` replace the recipe's parts of the same names."""
     label = label or f"recipe {recipe.name!r}"
     _check_strategy(strategy, options)
     counters = Counters()  # host counters, advanced outside the replicas
     spec = data.train.element_spec
     check_split(data, recipe.batch_keys, recipe.check_batch_spec, label)
     with _scope(strategy):
-        random = tf.random.Generator.from_seed(seed)
+        random, validation_random = (tf.random.Generator.from_seed(seed) for _ in "tv")
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
             with data_errors("training", label):  # models meet the training data here
@@ -102,7 +106,7 @@ def assemble(
     # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
     train_loop, validation_loop = _loops(
         recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
-        label, divergence,
+        label, divergence, validation_random,
     )  # fmt: skip
     return RunParts(
         recipe=recipe,
@@ -116,20 +120,17 @@ def assemble(
         callbacks=tuple(recipe_callbacks(recipe)),
         record=RunRecord.of(recipe, bound, spec, seed, options.precision),
         divergence=divergence,
+        validation_random=validation_random,
     )
 
 
 def _loops(
     recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy, label,
-    divergence=None,
+    divergence=None, validation_random=None,
 ):  # fmt: skip
     """The compiled training loop and, with validation data, the validation loop, each
     traced on its own data set's spec (errors name the recipe ``label`` and the data)."""
-    common = {
-        "compiled": not options.debug,
-        "jit_compile": options.jit_compile,
-        "distributed": strategy is not None,
-    }
+    common = _compile_options(options, strategy)
     train_step = TrainStep(
         bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy,
         divergence=divergence,
@@ -146,13 +147,41 @@ def _loops(
         )
     if data.validation is None:
         return train_loop, None
-    validation_step = ValidationStep(
-        bound, validation_metrics, recipe.update_metrics, strategy=strategy
-    )
-    spec = data.validation.element_spec
-    with data_errors("validation", label), in_recipe(label, spec):
-        validation_loop = CompiledLoop(validation_step, options.steps_per_execution, spec, **common)
-    return train_loop, validation_loop
+    validation = validation_loop(
+        recipe, bound, validation_metrics, data.validation.element_spec, options,
+        steps_per_execution=options.steps_per_execution, strategy=strategy, label=label,
+        random=validation_random,
+    )  # fmt: skip
+    return train_loop, validation
+
+
+def validation_loop(
+    recipe: Recipe,
+    bound: BoundSchedule,
+    metrics: StepMetrics,
+    spec,
+    options: EngineOptions,
+    *,
+    steps_per_execution: int,
+    strategy: tf.distribute.Strategy | None,
+    label: str,
+    random: tf.random.Generator | None = None,
+    role: str = "validation",
+) -> CompiledLoop:
+    """The compiled loop of validation steps (every beat's loss and the metrics, models in
+    inference mode) traced for batches of ``spec``: the run's validation loop, and the one
+    an evaluation on other data (``role``) runs."""
+    step = ValidationStep(bound, metrics, recipe.update_metrics, strategy=strategy, random=random)
+    with data_errors(role, label), in_recipe(label, spec):
+        return CompiledLoop(step, steps_per_execution, spec, **_compile_options(options, strategy))
+
+
+def _compile_options(options: EngineOptions, strategy) -> dict:
+    return {
+        "compiled": not options.debug,
+        "jit_compile": options.jit_compile,
+        "distributed": strategy is not None,
+    }
 
 
 def _check_strategy(strategy, options: EngineOptions) -> None:

@@ -57,6 +57,22 @@ def as_data_split(data) -> DataSplit:
     )
 
 
+def as_evaluation_data(data) -> tf.data.Dataset:
+    """An evaluation data set as dict batches: a batched ``tf.data.Dataset`` of ``(x, y)``
+    tuples or dicts, like the validation data ``fit`` takes."""
+    if not isinstance(data, tf.data.Dataset):
+        raise DataError(
+            "evaluation data must be a tf.data.Dataset of batched (x, y) tuples or dicts; "
+            f"got {type(data).__name__}. Wrap arrays with "
+            "tf.data.Dataset.from_tensor_slices((x, y)).batch(32)"
+        )
+    if data.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise DataError(
+            "the evaluation data set repeats forever (.repeat() without a count); give it an end"
+        )
+    return as_dict_batches(data, "evaluation")
+
+
 def as_dict_batches(dataset: tf.data.Dataset, role: str) -> tf.data.Dataset:
     """Map tuple elements to dicts (``x``, ``y``, ``sample_weight``); refuse other shapes."""
     spec = dataset.element_spec
@@ -122,23 +138,48 @@ def check_split(
     for role, dataset in (("training", split.train), ("validation", split.validation)):
         if dataset is None:
             continue
-        spec = dataset.element_spec
-        problems += check_batch_spec(spec, required, owner, role)
-        if not problems:
-            problems += [f"{role} data: {p}" for p in recipe_check(spec)]
+        problems += _problems(dataset.element_spec, required, recipe_check, owner, role, problems)
     if split.validation is not None and not problems:
         problems += _validation_mismatches(split.train.element_spec, split.validation.element_spec)
     if problems:
         raise DataError("; ".join(problems))
 
 
-def _validation_mismatches(train: Mapping, validation: Mapping) -> list[str]:
+def check_evaluation_data(
+    dataset: tf.data.Dataset,
+    training: Mapping[str, tf.TensorSpec],
+    required: Mapping[str, int],
+    recipe_check: Callable[[Mapping[str, tf.TensorSpec]], list[str]],
+    owner: str,
+) -> None:
+    """Raise one DataError naming every problem with the batches of an evaluation data
+    set: the checks validation data gets (``training``: the training batches' spec)."""
+    spec = dataset.element_spec
+    problems = _problems(spec, required, recipe_check, owner, "evaluation", [])
+    if not problems:
+        problems += _validation_mismatches(training, spec, "evaluation")
+    if problems:
+        raise DataError("; ".join(problems))
+
+
+def _problems(spec, required, recipe_check, owner: str, role: str, earlier: list) -> list[str]:
+    """A data set's problems: keys and ranks, then (when nothing else is wrong so far)
+    the recipe's own checks."""
+    problems = check_batch_spec(spec, required, owner, role)
+    if not earlier and not problems:
+        problems += [f"{role} data: {p}" for p in recipe_check(spec)]
+    return problems
+
+
+def _validation_mismatches(
+    train: Mapping, validation: Mapping, role: str = "validation"
+) -> list[str]:
     problems = []
     for key in sorted(set(train) & set(validation)):
         same_dtype = train[key].dtype == validation[key].dtype
         if not same_dtype or not train[key].shape[1:].is_compatible_with(validation[key].shape[1:]):
             problems.append(
-                f"validation batch {key!r} is {validation[key]} but training batch "
+                f"{role} batch {key!r} is {validation[key]} but training batch "
                 f"{key!r} is {train[key]}"
             )
     return problems

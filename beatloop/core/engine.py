@@ -21,6 +21,7 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.callbacks import Callback, CallbackList
 from beatloop.core.checkpoints import RunCheckpoints
 from beatloop.core.errors import ConfigError, DataError
+from beatloop.core.evaluation import Evaluation
 from beatloop.core.keras_callbacks import adapt_callbacks, warn_if_resumed
 from beatloop.core.metrics import LazyLogs
 from beatloop.core.op_errors import data_errors
@@ -90,6 +91,9 @@ class Engine:
             checkpoints=self.recovery.saved,
         )
         self._fitting = False
+        self.evaluation = Evaluation(
+            parts, self.stream, options, data, labels=self._labels, seed=seed, strategy=strategy
+        )
 
     @property
     def recipe(self) -> Recipe:
@@ -210,15 +214,18 @@ class Engine:
         """Every beat's loss and the metrics on the validation data, all models in
         inference mode; touches no trainable variable."""
         run = run or self.run
-        self.parts.validation_metrics.reset()
         self.callbacks.fire("validation_start", run)
-        with data_errors("validation", self.parts.label, self._labels), in_recipe(self.parts.label):
-            self.stream.validate(self.parts.validation_loop, self.options.steps_per_execution)
-        if not self._fitting:
-            self.stream.wait()
-        logs = self.parts.validation_metrics.results()
+        logs = self.evaluation.run(
+            self.parts.validation_loop, self.options.steps_per_execution, wait=not self._fitting
+        )
         self.callbacks.fire("validation_end", run, logs)
         return logs
+
+    def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
+        """The validation figures, without their ``val_`` prefix, for the models as they
+        are, over ``data`` (``None``: the validation data); see
+        :meth:`~beatloop.core.evaluation.Evaluation.evaluate`. Fires no event."""
+        return self.evaluation.evaluate(data, steps_per_execution=steps_per_execution)
 
 
 def _checkpoints(parts, run_dir: Path | None, options: EngineOptions) -> RunCheckpoints | None:

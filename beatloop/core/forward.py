@@ -28,7 +28,8 @@ class ModelCalls(Mapping[str, Callable]):
     ``models.raw(name)`` gives the model itself (its variables, sub-models).
     ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
     (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
-    uninterrupted one would have.
+    uninterrupted one would have. In validation (and evaluation) it is validation's own
+    generator, reset to the run's seed at the start of each pass.
 
     A call is checked against the model's declared inputs (a functional or Sequential
     model built on ``keras.Input``) before Keras runs it: an input of another rank,

@@ -32,6 +32,8 @@ class FitResult:
     resumed_from: str | None = None
     #: The newest checkpoint in the run dir when the run ended.
     checkpoint: str | None = None
+    #: The engine that ran (or restored) the run, which :meth:`evaluate` runs on.
+    engine: Any = attrs.field(default=None, repr=False, eq=False)
 
     @property
     def models(self) -> Mapping[str, keras.Layer]:
@@ -45,6 +47,21 @@ class FitResult:
     @property
     def schedule(self):
         return self.bound.schedule
+
+    def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
+        """The recipe's validation figures for the models as they are now: every beat's
+        loss and every metric, models in inference mode, over ``data`` (a batched
+        ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts; ``None``: the run's own
+        validation data), by name without the ``val_`` prefix (``{"loss": ...,
+        "accuracy": ...}``). On the run's validation data they equal the last epoch's
+        ``val_`` figures. Touches no trainable variable, optimizer or counter and writes
+        nothing."""
+        if self.engine is None:
+            raise BeatloopError(
+                "this FitResult has no engine to evaluate with; use the one beatloop.fit "
+                "or beatloop.restore returns, or beatloop.evaluate(run_dir)"
+            )
+        return self.engine.evaluate(data, steps_per_execution=steps_per_execution)
 
     def export(self, out: str | Path) -> dict[str, Path]:
         """Write each inference model (the classifier, the generator, ...) as a

@@ -157,7 +157,8 @@ def transformed(transform: Callable, grads, scale) -> list:
 
 class ValidationStep:
     """Every beat's loss on one batch with all models in inference mode, then the
-    metrics; no gradient, no update."""
+    metrics; no gradient, no update. Noise is drawn from ``random`` (validation's own
+    generator; the run's when none is given)."""
 
     def __init__(
         self,
@@ -166,18 +167,20 @@ class ValidationStep:
         update_metrics: Callable,
         *,
         strategy: tf.distribute.Strategy | None = None,
+        random: tf.random.Generator | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
         self.update_metrics = update_metrics
         self.strategy = strategy
+        self.random = bound.random if random is None else random
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return on_replicas(self.strategy, self.on_replica, batch, step)
 
     def on_replica(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
-        _, random = replica_view(self.strategy, self.bound.random, size)
+        _, random = replica_view(self.strategy, self.random, size)
         outputs = {}
         for group in self.bound.groups:
             losses, group_outputs = group.losses(

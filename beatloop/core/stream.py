@@ -74,6 +74,7 @@ class DataStream:
         strategy: tf.distribute.Strategy | None = None,
     ):
         self.counters = counters
+        self._strategy = strategy
         self._train = _distributed(strategy, split.train)
         self._validation = _distributed(strategy, split.validation)
         self._current: list = []  # the open pass's iterator, when a pass is open
@@ -95,9 +96,13 @@ class DataStream:
         self._let_go()
         self.counters.close_pass()
 
-    def validate(self, loop: CompiledLoop, limit: int) -> None:
-        """One whole pass over the validation data, ``limit`` steps per call."""
-        current = [iter(self._validation)]
+    def validate(
+        self, loop: CompiledLoop, limit: int, dataset: tf.data.Dataset | None = None
+    ) -> None:
+        """One whole pass over the validation data (or over ``dataset``, distributed like
+        it: an evaluation), ``limit`` steps per call."""
+        data = self._validation if dataset is None else _distributed(self._strategy, dataset)
+        current = [iter(data)]
         try:
             while loop(current[0], limit).ran == limit:
                 pass

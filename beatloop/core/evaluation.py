@@ -1,0 +1,115 @@
+"""Validation passes: the run's validation at each epoch's end, and evaluations of the
+models as they are on any data set, through the same compiled validation loop.
+
+A pass draws its noise from validation's own generator
+(:attr:`~beatloop.core.assembly.RunParts.validation_random`), reset to the run's seed
+first: the same weights on the same data give the same figures, and validating moves
+nothing training uses.
+"""
+
+from __future__ import annotations
+
+import attrs
+import tensorflow as tf
+
+from beatloop.core.assembly import RunParts, validation_loop
+from beatloop.core.batches import DataSplit, as_evaluation_data, check_evaluation_data
+from beatloop.core.errors import ConfigError, DataError
+from beatloop.core.loop import CompiledLoop
+from beatloop.core.op_errors import data_errors
+from beatloop.core.options import EngineOptions
+from beatloop.core.stream import DataStream
+from beatloop.core.user_code import in_recipe
+
+
+class Evaluation:
+    """Validation passes over a run's validation data or another data set."""
+
+    def __init__(
+        self,
+        parts: RunParts,
+        stream: DataStream,
+        options: EngineOptions,
+        data: DataSplit,
+        *,
+        labels,
+        seed: int,
+        strategy: tf.distribute.Strategy | None = None,
+    ):
+        self.parts = parts
+        self.seed = seed
+        self.strategy = strategy
+        self.stream = stream
+        self.options = options
+        self.data = data
+        self._labels = labels
+        self._loops: dict[tuple, CompiledLoop] = {}
+
+    def run(
+        self, loop: CompiledLoop, limit: int, role: str = "validation", dataset=None, wait=True
+    ) -> dict[str, float]:
+        """One pass of ``loop`` over the validation data (or ``dataset``), ``limit`` steps
+        per call; the ``val_`` figures. ``wait``: until its iterator is destroyed."""
+        self.parts.validation_metrics.reset()
+        if self.parts.validation_random is not None:
+            self.parts.validation_random.reset_from_seed(self.seed)
+        with data_errors(role, self.parts.label, self._labels), in_recipe(self.parts.label):
+            self.stream.validate(loop, limit, dataset)
+        if wait:
+            self.stream.wait()
+        return self.parts.validation_metrics.results()
+
+    def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
+        """Every beat's loss and the metrics, models in inference mode, over ``data`` (a
+        batched ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, checked like
+        validation data; ``None``: the run's validation data), ``steps_per_execution``
+        steps per call (``None``: the run's); by name without the ``val_`` prefix."""
+        limit = self._steps(steps_per_execution)
+        label = self.parts.label
+        if data is None:
+            if self.data.validation is None:
+                raise DataError(
+                    f"{label} has no validation data to evaluate on: pass data= (a batched "
+                    "tf.data.Dataset like its training data)"
+                )
+            dataset, role, spec = None, "validation", self.data.validation.element_spec
+        else:
+            dataset, role = as_evaluation_data(data), "evaluation"
+            spec = dataset.element_spec
+            recipe = self.parts.recipe
+            check_evaluation_data(
+                dataset, self.data.train.element_spec, recipe.batch_keys,
+                recipe.check_batch_spec, label,
+            )  # fmt: skip
+        logs = self.run(self._loop(spec, limit, role), limit, role, dataset)
+        prefix = self.parts.validation_metrics.prefix
+        return {name.removeprefix(prefix): value for name, value in logs.items()}
+
+    def _steps(self, steps_per_execution: int | None) -> int:
+        if steps_per_execution is None:
+            return self.options.steps_per_execution
+        try:
+            attrs.evolve(self.options, steps_per_execution=steps_per_execution)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"invalid steps_per_execution: {error}") from None
+        return steps_per_execution
+
+    def _loop(self, spec, limit: int, role: str) -> CompiledLoop:
+        """The run's validation loop when it fits ``spec`` and ``limit``; else one traced
+        for them (kept for the next evaluation)."""
+        validation = self.data.validation
+        if (
+            validation is not None
+            and limit == self.options.steps_per_execution
+            and validation.element_spec == spec
+        ):
+            return self.parts.validation_loop
+        key = (limit, tuple((name, str(s)) for name, s in sorted(spec.items())))
+        if key not in self._loops:
+            parts = self.parts
+            self._loops[key] = validation_loop(
+                parts.recipe, parts.bound, parts.validation_metrics, spec, self.options,
+                steps_per_execution=limit, strategy=self.strategy, label=parts.label,
+                random=parts.validation_random, role=role,
+            )  # fmt: skip
+        return self._loops[key]
