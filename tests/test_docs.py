@@ -167,6 +167,6 @@ def test_the_api_reference_has_everything_beatloop_exports(site):
 
 def test_the_command_line_page_has_every_commands_help(site):
     page = text_of((site / "cli.html").read_text())
-    for command in ("list", "show", "run", "compare", "export"):
+    for command in ("list", "show", "run", "compare", "export", "evaluate", "data"):
         assert f"usage: beatloop {command} " in page, command
     assert "exit codes:" in page
