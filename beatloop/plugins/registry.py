@@ -52,39 +52,29 @@ class PluginFailure:
 
 def check_recipe_class(cls: object, origin: str) -> None:
     """Refuse a class that cannot work as a recipe, listing every problem at once."""
-    if not (inspect.isclass(cls) and issubclass(cls, Recipe)):
-        raise RegistrationError(
-            f"{origin} registered {cls!r}, which is not a beatloop.Recipe subclass"
-        )
-    problems = []
-    if not isinstance(cls.name, str) or not cls.name.isidentifier():
-        problems.append(f"it lacks a `name` that is a Python-style identifier (found {cls.name!r})")
-    if not attrs.has(cls.Config):
-        problems.append(f"it lacks a `Config` that is an attrs class (found {cls.Config!r})")
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        problems.append(f"it lacks the method(s) {', '.join(missing)}")
-    problems += _default_problems(cls, missing)
-    if problems:
-        lines = "\n".join(f"  - {problem}" for problem in problems)
-        raise RegistrationError(
-            f"recipe class {cls.__module__}.{cls.__qualname__} from {origin} has "
-            f"{len(problems)} problem(s):\n{lines}"
-        )
+    _refuse_problems("recipe", cls, Recipe, origin, build_config=False)
 
 
 def check_source_class(cls: object, origin: str) -> None:
     """Refuse a class that cannot work as a data source, listing every problem at once."""
-    if not (inspect.isclass(cls) and issubclass(cls, DataSource)):
+    _refuse_problems("data source", cls, DataSource, origin, build_config=True)
+
+
+def _refuse_problems(kind: str, cls: object, base: type, origin: str, build_config: bool):
+    """What recipes and data sources share: a subclass of ``base`` with an identifier
+    ``name``, an attrs ``Config`` (built with its defaults, with ``build_config``) and no
+    abstract method left; a recipe's default schedule is also tried. Every problem is
+    listed in one RegistrationError."""
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise RegistrationError(
-            f"{origin} registered {cls!r}, which is not a beatloop.DataSource subclass"
+            f"{origin} registered {cls!r}, which is not a beatloop.{base.__name__} subclass"
         )
     problems = []
     if not isinstance(cls.name, str) or not cls.name.isidentifier():
         problems.append(f"it lacks a `name` that is a Python-style identifier (found {cls.name!r})")
     if not attrs.has(cls.Config):
         problems.append(f"it lacks a `Config` that is an attrs class (found {cls.Config!r})")
-    else:
+    elif build_config:
         try:
             cls.Config()
         except Exception as error:
@@ -92,10 +82,12 @@ def check_source_class(cls: object, origin: str) -> None:
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         problems.append(f"it lacks the method(s) {', '.join(missing)}")
+    if base is Recipe:
+        problems += _default_problems(cls, missing)
     if problems:
         lines = "\n".join(f"  - {problem}" for problem in problems)
         raise RegistrationError(
-            f"data source class {cls.__module__}.{cls.__qualname__} from {origin} has "
+            f"{kind} class {cls.__module__}.{cls.__qualname__} from {origin} has "
             f"{len(problems)} problem(s):\n{lines}"
         )
 
