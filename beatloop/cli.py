@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from beatloop.core.errors import EXIT_CODES
+from beatloop.core.pacing import steps_per_execution
 
 REPORT = "https://github.com/beatloop/beatloop/issues"
 
@@ -214,7 +215,11 @@ def _parser() -> argparse.ArgumentParser:
         help="steps in the running median --divergence compares with",
     )
     run.add_argument(
-        "--steps-per-execution", type=int, default=1, metavar="K", help="steps per compiled call"
+        "--steps-per-execution",
+        type=steps_per_execution,
+        default="auto",
+        metavar="K",
+        help="steps per compiled call, or auto: timed and grown while it saves time",
     )
     run.add_argument(
         "--callback",
@@ -270,7 +275,11 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--seed", type=int, default=0, help="the seed of every run")
     compare.add_argument("--repeats", type=int, default=1, help="runs per entry (medians)")
     compare.add_argument(
-        "--steps-per-execution", type=int, default=1, metavar="K", help="steps per compiled call"
+        "--steps-per-execution",
+        type=steps_per_execution,
+        default="auto",
+        metavar="K",
+        help="steps per compiled call, or auto: timed and grown while it saves time",
     )
 
     _add_data_options(compare)
@@ -530,6 +539,10 @@ def _run(args) -> int:
         f"{cls.name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
         + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
     )
+    if args.steps_per_execution == "auto":
+        print(
+            f"steps per call: {result.steps_per_execution} (chosen by --steps-per-execution auto)"
+        )
     print(f"run dir: {run_dir}")
     if result.checkpoint:
         print(f"checkpoint: {result.checkpoint}")

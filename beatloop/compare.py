@@ -69,7 +69,7 @@ def compare(
     out: Path,
     seed: int = 0,
     repeats: int = 1,
-    steps_per_execution: int = 1,
+    steps_per_execution: int | str = "auto",
     data: str | None = None,
     data_settings: Sequence[str] = (),
     validation_data: str | None = None,

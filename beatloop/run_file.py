@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from beatloop.core.errors import ConfigError, did_you_mean
+from beatloop.core.pacing import steps_per_execution
 
 #: What a recorded run.json gives a replay, by the run command's option names.
 RECORDED = ("recipe", "config", "seed", "epochs", "precision", "steps_per_execution",
@@ -121,6 +122,11 @@ def _checked(key: str, value: Any, action) -> Any:
     kind = action.type
     if value is None:
         return None
+    if kind is steps_per_execution:
+        try:
+            return steps_per_execution(value)
+        except ValueError as error:
+            raise ConfigError(f"{key!r} {error}") from None
     if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
         raise ConfigError(f"{key!r} expects an integer, got {value!r}")
     if kind is float:

@@ -138,7 +138,7 @@ def _loops(
     with data_errors("training", label), in_recipe(label, data.train.element_spec):
         train_loop = CompiledLoop(
             train_step,
-            options.steps_per_execution,
+            options.largest_steps_per_execution,
             data.train.element_spec,
             checks=len(bound.beats),
             divergence=divergence,
@@ -149,7 +149,7 @@ def _loops(
         return train_loop, None
     validation = validation_loop(
         recipe, bound, validation_metrics, data.validation.element_spec, options,
-        steps_per_execution=options.steps_per_execution, strategy=strategy, label=label,
+        steps_per_execution=options.largest_steps_per_execution, strategy=strategy, label=label,
         random=validation_random,
     )  # fmt: skip
     return train_loop, validation

@@ -142,6 +142,10 @@ class Callback:
     order: int = Order.DEFAULT
     #: Event name -> filter, from ``@when`` on this class's methods (and its bases').
     filters: ClassVar[Mapping[str, EventFilter]] = {}
+    #: The most steps per compiled call this callback works with (``None``: any): set 1
+    #: to see every step at ``on_execution_end``. ``steps_per_execution="auto"`` stays at
+    #: or below it; a larger fixed ``steps_per_execution`` is refused.
+    max_steps_per_execution: int | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -257,3 +257,20 @@ def _jsonable(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return str(value)
+
+
+def run_checkpoints(parts, run_dir: Path | None, options) -> RunCheckpoints | None:
+    """The run dir's checkpoints (``run_dir/checkpoints``), or none without a run dir."""
+    if run_dir is None:
+        return None
+    return RunCheckpoints(
+        Path(run_dir) / "checkpoints",
+        models=parts.bound.models,
+        optimizers=parts.bound.optimizers,
+        counters=parts.counters.checkpointed(),
+        random=parts.bound.random,
+        metric_variables=parts.train_metrics.variables(),
+        last_values=parts.train_metrics.last_variables(),
+        divergence=parts.divergence.variables() if parts.divergence is not None else (),
+        max_to_keep=options.max_to_keep,
+    )

@@ -10,6 +10,7 @@ between them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,13 +20,14 @@ import tensorflow as tf
 from beatloop.core.assembly import assemble
 from beatloop.core.batches import DataSplit
 from beatloop.core.callbacks import Callback, CallbackList
-from beatloop.core.checkpoints import RunCheckpoints
+from beatloop.core.checkpoints import run_checkpoints
 from beatloop.core.errors import ConfigError, DataError
 from beatloop.core.evaluation import Evaluation
 from beatloop.core.keras_callbacks import adapt_callbacks, warn_if_resumed
 from beatloop.core.metrics import LazyLogs
 from beatloop.core.op_errors import data_errors
 from beatloop.core.options import EngineOptions
+from beatloop.core.pacing import AUTO, EVALUATION_STEPS, pace_for
 from beatloop.core.recipe import Recipe, label_settings
 from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
@@ -69,10 +71,16 @@ class Engine:
         self.options = options
         self._labels = label_settings(recipe)  # read only when a label is out of range
         self.stream = DataStream(data, parts.counters, strategy)
-        given = adapt_callbacks(callbacks, recipe, parts.bound)  # Keras callbacks wrapped
+        auto = options.steps_per_execution == AUTO
+        given = adapt_callbacks(callbacks, recipe, parts.bound, auto)  # Keras ones wrapped
         self.callbacks = CallbackList([*given, *parts.callbacks])
+        steps_per_epoch = epoch_length(data, options.steps_per_epoch)
+        self.pace = pace_for(
+            options.steps_per_execution, debug=options.debug,
+            callbacks=self.callbacks.callbacks, epoch_steps=steps_per_epoch,
+        )  # fmt: skip
         self.recovery = Recovery(
-            _checkpoints(parts, run_dir, options),
+            run_checkpoints(parts, run_dir, options),
             parts.record,
             callbacks=self.callbacks,
             counters=parts.counters,
@@ -85,10 +93,11 @@ class Engine:
             counters=parts.counters,
             run_dir=run_dir,
             epochs=0,
-            steps_per_execution=options.steps_per_execution,
-            steps_per_epoch=epoch_length(data, options.steps_per_epoch),
+            steps_per_execution=self.pace.steps,
+            steps_per_epoch=steps_per_epoch,
             seed=seed,
             checkpoints=self.recovery.saved,
+            chosen_steps_per_execution=self.pace.chosen,
         )
         self._fitting = False
         self.evaluation = Evaluation(
@@ -187,9 +196,10 @@ class Engine:
         target, done = run.steps_per_epoch, int(counters.epoch_batches)
         while target is None or done < target:
             self.recovery.stop_if_interrupted()
-            limit = self.options.steps_per_execution
+            run.steps_per_execution = limit = self.pace.steps
             if target is not None:
                 limit = min(limit, target - done)
+            started = time.perf_counter()
             self.callbacks.fire("execution_start", run)
             with (
                 data_errors("training", self.parts.label, self._labels),
@@ -205,9 +215,13 @@ class Engine:
             self.callbacks.fire("execution_end", run, result.ran, logs)
             if result.ran < limit:  # the data ran out: the next epoch opens a new pass
                 self.stream.end_pass()
-                break
-            if target is None or done < target:
+                self.pace.pass_ended(done)
+            elif target is None or done < target:
                 self.recovery.save_if_due()
+            self.pace.observe(result.ran, limit, time.perf_counter() - started)
+            run.chosen_steps_per_execution = self.pace.chosen
+            if result.ran < limit:
+                break
         return done
 
     def validate(self, run: Run | None = None) -> dict[str, float]:
@@ -216,7 +230,7 @@ class Engine:
         run = run or self.run
         self.callbacks.fire("validation_start", run)
         logs = self.evaluation.run(
-            self.parts.validation_loop, self.options.steps_per_execution, wait=not self._fitting
+            self.parts.validation_loop, self.pace.steps, wait=not self._fitting
         )
         self.callbacks.fire("validation_end", run, logs)
         return logs
@@ -224,22 +238,9 @@ class Engine:
     def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
         """The validation figures, without their ``val_`` prefix, for the models as they
         are, over ``data`` (``None``: the validation data); see
-        :meth:`~beatloop.core.evaluation.Evaluation.evaluate`. Fires no event."""
+        :meth:`~beatloop.core.evaluation.Evaluation.evaluate`. Fires no event. Under
+        ``steps_per_execution="auto"`` it runs the K training chose, or
+        :data:`~beatloop.core.pacing.EVALUATION_STEPS` before one is chosen."""
+        if steps_per_execution in (None, AUTO):
+            steps_per_execution = self.pace.steps if self.pace.settled else EVALUATION_STEPS
         return self.evaluation.evaluate(data, steps_per_execution=steps_per_execution)
-
-
-def _checkpoints(parts, run_dir: Path | None, options: EngineOptions) -> RunCheckpoints | None:
-    """The run dir's checkpoints (``run_dir/checkpoints``), or none without a run dir."""
-    if run_dir is None:
-        return None
-    return RunCheckpoints(
-        Path(run_dir) / "checkpoints",
-        models=parts.bound.models,
-        optimizers=parts.bound.optimizers,
-        counters=parts.counters.checkpointed(),
-        random=parts.bound.random,
-        metric_variables=parts.train_metrics.variables(),
-        last_values=parts.train_metrics.last_variables(),
-        divergence=parts.divergence.variables() if parts.divergence is not None else (),
-        max_to_keep=options.max_to_keep,
-    )

@@ -87,7 +87,7 @@ class Evaluation:
 
     def _steps(self, steps_per_execution: int | None) -> int:
         if steps_per_execution is None:
-            return self.options.steps_per_execution
+            return self.options.largest_steps_per_execution
         try:
             attrs.evolve(self.options, steps_per_execution=steps_per_execution)
         except (TypeError, ValueError) as error:
@@ -100,7 +100,7 @@ class Evaluation:
         validation = self.data.validation
         if (
             validation is not None
-            and limit == self.options.steps_per_execution
+            and limit <= self.parts.validation_loop.steps_per_execution
             and validation.element_spec == spec
         ):
             return self.parts.validation_loop

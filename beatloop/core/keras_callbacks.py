@@ -23,8 +23,9 @@ The events, as Keras 3's ``fit`` fires them:
   other callbacks of a lower ``order`` added); what the Keras callback adds to them is
   logged with the epoch;
 - ``on_train_batch_begin(batch)`` and ``on_train_batch_end(batch, logs)`` once per
-  compiled call (``steps_per_execution`` steps), as Keras 3 fires them: ``batch`` is the
-  index in the epoch of the call's first batch at its begin, and that index plus
+  compiled call (``steps_per_execution`` steps; under ``"auto"`` a Keras callback with
+  batch hooks makes every call one step, as ``fit``'s default), as Keras 3 fires them:
+  ``batch`` is the index in the epoch of the call's first batch at its begin, and that index plus
   ``steps_per_execution - 1`` at its end; the logs are the running figures;
 - ``on_test_begin()`` and ``on_test_end(logs)`` around validation, the logs without
   their ``val_`` prefix (there are no per-batch validation events);
@@ -131,6 +132,9 @@ class KerasCallback(Callback):
         self.model = model
         self.optimizer = optimizer
         self._batch_logs = _overrides(callback, "on_train_batch_end", "on_batch_end")
+        self.has_batch_hooks = self._batch_logs or _overrides(
+            callback, "on_train_batch_begin", "on_batch_begin"
+        )
         self._bound: tuple[str, str | None] | None = None
         self._begin = 0
 
@@ -203,15 +207,19 @@ def keras_callback(
     return KerasCallback(callback, model=model, optimizer=optimizer)
 
 
-def adapt_callbacks(callbacks: Iterable, recipe, bound: BoundSchedule) -> list:
+def adapt_callbacks(callbacks: Iterable, recipe, bound: BoundSchedule, auto: bool = False) -> list:
     """``callbacks`` with each Keras callback wrapped in a :class:`KerasCallback`, and
-    every :class:`KerasCallback` bound to the run's model and optimizer."""
+    every :class:`KerasCallback` bound to the run's model and optimizer. Under
+    ``steps_per_execution="auto"`` (``auto``) one with batch hooks asks for one step per
+    call, so they fire per batch as in Keras's ``fit`` by default."""
     adapted = []
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.Callback):
             callback = KerasCallback(callback)
         if isinstance(callback, KerasCallback):
             callback.bind(recipe, bound)
+            if auto and callback.has_batch_hooks:
+                callback.max_steps_per_execution = 1
         adapted.append(callback)
     return adapted
 

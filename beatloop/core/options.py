@@ -6,6 +6,8 @@ import math
 
 import attrs
 
+from beatloop.core.pacing import AUTO_CEILING
+
 ON_NAN = ("raise", "rollback")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 MAX_STEPS_PER_EXECUTION = 1 << 20  # the fault flag of a call's status rides above this
@@ -14,6 +16,19 @@ _int = attrs.validators.instance_of(int)
 _bool = attrs.validators.instance_of(bool)
 #: How many of a beat's latest losses the divergence guard's median is taken over.
 DIVERGENCE_WINDOW = 100
+
+
+def _steps_per_execution(instance, attribute, value) -> None:
+    """An integer K in [1, MAX_STEPS_PER_EXECUTION), or ``"auto"``."""
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{attribute.name!r} must be an integer >= 1 or 'auto', got {value!r}")
+    if not 1 <= value < MAX_STEPS_PER_EXECUTION:
+        raise ValueError(
+            f"{attribute.name!r} must be >= 1 and < {MAX_STEPS_PER_EXECUTION} (or 'auto'), "
+            f"got {value!r}"
+        )
 
 
 def _factor(instance, attribute, value) -> None:
@@ -36,7 +51,8 @@ def _factor(instance, attribute, value) -> None:
 class EngineOptions:
     """How the engine runs steps, independent of what the recipe computes.
 
-    ``steps_per_execution``: steps per compiled call. ``steps_per_epoch``: end epochs after
+    ``steps_per_execution``: steps per compiled call, or ``"auto"``: the engine times its
+    calls and chooses (see :mod:`beatloop.core.pacing`). ``steps_per_epoch``: end epochs after
     that many steps (needed for endless data). ``checkpoint_every``: also checkpoint
     mid-epoch, at the first call boundary at or after every N steps (a run with a run dir
     always checkpoints at each epoch's end). ``max_to_keep``: checkpoints kept on disk.
@@ -53,10 +69,7 @@ class EngineOptions:
     reach the losses as float32), and for float16 wraps every optimizer in loss scaling.
     """
 
-    steps_per_execution: int = attrs.field(
-        default=1,
-        validator=[_int, attrs.validators.ge(1), attrs.validators.lt(MAX_STEPS_PER_EXECUTION)],
-    )
+    steps_per_execution: int | str = attrs.field(default=1, validator=_steps_per_execution)
     debug: bool = attrs.field(default=False, validator=_bool)
     steps_per_epoch: int | None = attrs.field(
         default=None, validator=attrs.validators.optional([_int, attrs.validators.ge(1)])
@@ -73,3 +86,11 @@ class EngineOptions:
     divergence_window: int = attrs.field(
         default=DIVERGENCE_WINDOW, validator=[_int, attrs.validators.ge(1)]
     )
+
+    @property
+    def largest_steps_per_execution(self) -> int:
+        """The most steps a call may run: K, or under ``"auto"`` the largest K it tries
+        (what the compiled loops are built for; a call may always run fewer)."""
+        if self.steps_per_execution == "auto":
+            return AUTO_CEILING
+        return self.steps_per_execution

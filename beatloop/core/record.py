@@ -172,7 +172,19 @@ def write_run_json(path: Path, record: RunRecord, **facts: Any) -> None:
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
     }
-    text = json.dumps({**record.to_json(), **facts, "versions": versions}, indent=2, default=str)
+    _write_json(path, {**record.to_json(), **facts, "versions": versions})
+
+
+def update_run_json(path: Path, **facts: Any) -> None:
+    """Add or replace ``facts`` in an existing ``run.json`` (what a run learns as it goes,
+    like the steps per call ``"auto"`` chose), keeping the rest as written."""
+    _write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **facts})
+
+
+def _write_json(path: Path, content: dict) -> None:
+    """Write ``content`` to a temporary file, then rename it over ``path``: the file is
+    whole or old."""
+    text = json.dumps(content, indent=2, default=str)
     temporary = path.with_suffix(".json.tmp")
     with writing(path):
         try:

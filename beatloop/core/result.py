@@ -32,6 +32,8 @@ class FitResult:
     resumed_from: str | None = None
     #: The newest checkpoint in the run dir when the run ended.
     checkpoint: str | None = None
+    #: Steps per compiled call the run ended with (under ``"auto"``, the K it chose).
+    steps_per_execution: int = 1
     #: The engine that ran (or restored) the run, which :meth:`evaluate` runs on.
     engine: Any = attrs.field(default=None, repr=False, eq=False)
 

@@ -26,6 +26,7 @@ class Run:
     counters: Counters
     run_dir: Path | None
     epochs: int
+    #: Steps per compiled call now (under ``"auto"``, the K being tried or chosen).
     steps_per_execution: int
     steps_per_epoch: int | None
     seed: int
@@ -35,6 +36,9 @@ class Run:
     resumed_from: str | None = None
     #: Paths of the checkpoints written so far by this process, oldest first.
     checkpoints: list[str] = attrs.field(factory=list)
+    #: The steps per call the run settled on (the fixed K at once; under ``"auto"``
+    #: ``None`` until it has chosen).
+    chosen_steps_per_execution: int | None = None
 
     @property
     def models(self):

@@ -1,0 +1,215 @@
+"""How many steps each compiled call runs: a fixed K, or ``"auto"``.
+
+``"auto"`` times the engine's calls, each from its ``execution_start`` event to the end
+of its ``execution_end`` work (so the host's share between calls counts), the fastest
+of a few calls per K (noise only ever adds time). K doubles from 1; once three K above
+1 are timed, a call's time is fitted as ``per_call + K * per_step`` and K jumps to the
+smallest power of two at which ``per_call`` is under 2% of a call, and settles there.
+It stops before a call would last longer than about 0.25 s (progress, Ctrl-C and
+callbacks stay responsive), at the largest K a callback allows, and at the first power
+of two covering a whole pass. Results do not depend on K (the compiled loop takes K as
+an argument: no K traces anew), so the choice only moves speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+
+import attrs
+
+from beatloop.core.errors import ConfigError
+
+#: The value of ``steps_per_execution`` that lets the engine choose.
+AUTO = "auto"
+#: The largest K ``"auto"`` tries.
+AUTO_CEILING = 1024
+#: Steps per call of an evaluation under ``"auto"`` before training has chosen a K.
+EVALUATION_STEPS = 32
+
+_log = logging.getLogger("beatloop")
+
+
+@attrs.frozen
+class AutoTargets:
+    """What ``"auto"`` aims for: per-call overhead under ``overhead`` of a call, calls no
+    longer than ``longest_call`` seconds, each K judged by the fastest of ``samples``
+    calls (the fastest, because noise only ever adds time)."""
+
+    overhead: float = 0.02
+    longest_call: float = 0.25
+    samples: int = 3
+
+
+class FixedPace:
+    """The K the user gave: every call runs up to K steps."""
+
+    auto = False
+    settled = True
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    @property
+    def chosen(self) -> int:
+        return self.steps
+
+    def observe(self, ran: int, limit: int, seconds: float) -> None:
+        """Nothing to learn: K is fixed."""
+
+    def pass_ended(self, steps: int) -> None:
+        """Nothing to learn: K is fixed."""
+
+
+class AutoPace:
+    """K chosen by timing calls (see the module's docstring): starts at 1, doubles, and
+    once three K above 1 are timed jumps to the K the fitted overhead asks for; then
+    keeps that K (``settled``) for the rest of the run. ``timings`` maps each K timed to
+    its fastest call's seconds."""
+
+    auto = True
+
+    def __init__(self, ceiling: int = AUTO_CEILING, targets: AutoTargets | None = None):
+        self.targets = targets or AutoTargets()
+        self.ceiling = max(1, ceiling)
+        self.steps = 1
+        self.settled = self.ceiling == 1
+        self.timings: dict[int, float] = {}
+        self._warm: set[bool] = set()  # the compiled functions called once (K=1, K>1)
+        self._samples: list[float] = []  # seconds of the calls at this K
+
+    @property
+    def chosen(self) -> int | None:
+        """The K settled on, ``None`` while still choosing."""
+        return self.steps if self.settled else None
+
+    def observe(self, ran: int, limit: int, seconds: float) -> None:
+        """One call of ``limit`` steps ran ``ran`` of them in ``seconds`` (host work
+        around it included)."""
+        if self.settled or ran == 0 or ran != limit or limit != self.steps:
+            return  # a call cut short (the data's or the epoch's end) is not this K's
+        function = limit > 1  # the one-step and the K-step functions
+        if function not in self._warm:  # a function's first call optimises its graph
+            self._warm.add(function)
+            return
+        self._samples.append(seconds)
+        if len(self._samples) >= self.targets.samples:
+            self.timings[self.steps] = min(self._samples)
+            self._samples = []
+            self._choose()
+
+    def pass_ended(self, steps: int) -> None:
+        """A pass ended after ``steps`` steps: a K beyond it cannot help."""
+        self.ceiling = min(self.ceiling, _power_of_two_at_least(steps))
+        if self.steps >= self.ceiling and not self.settled:
+            self._settle(self.ceiling)
+
+    def overhead(self) -> tuple[float, float] | None:
+        """``(per_call, per_step)`` seconds, fitted by least squares to the calls of
+        K >= 2 timed (a call taking ``per_call + K * per_step``); ``None`` before three
+        such K are timed."""
+        points = [(k, seconds) for k, seconds in self.timings.items() if k >= 2]
+        if len(points) < 3:
+            return None
+        mean_k = sum(k for k, _ in points) / len(points)
+        mean_s = sum(s for _, s in points) / len(points)
+        spread_k = sum((k - mean_k) ** 2 for k, _ in points)
+        per_step = sum((k - mean_k) * (s - mean_s) for k, s in points) / spread_k
+        return mean_s - per_step * mean_k, per_step
+
+    def _choose(self) -> None:
+        """Settle, or move to the next K to time, once this K's calls are timed."""
+        steps, call = self.steps, self.timings[self.steps]
+        if call > self.targets.longest_call and steps > 1:
+            return self._settle(steps // 2)  # this K's calls already run too long
+        following = self._wanted()
+        if following is None:
+            following = 2 * steps
+        elif following <= steps:
+            return self._settle(steps)
+        longest = self._longest(call / steps)
+        if min(following, longest) <= steps:
+            return self._settle(steps)
+        self.steps = min(following, longest)
+
+    def _wanted(self) -> int | None:
+        """The smallest power of two K at which the fitted per-call overhead is under the
+        target share of a call (``None``: not fitted yet; twice this K when the fit sees
+        no cost per step, which only noise or a dominating overhead give)."""
+        fitted = self.overhead()
+        if fitted is None:
+            return None
+        per_call, per_step = fitted
+        if per_step <= 0:
+            return 2 * self.steps
+        if per_call <= 0:
+            return self.steps  # no overhead to measure
+        share = self.targets.overhead
+        return _power_of_two_at_least(per_call * (1 - share) / (share * per_step))
+
+    def _longest(self, per_step: float) -> int:
+        """The largest power of two K up to the ceiling whose calls, at ``per_step``
+        seconds a step (overhead included: an over-estimate), last at most the longest
+        call allowed."""
+        steps = 1
+        while steps * 2 <= self.ceiling and steps * 2 * per_step <= self.targets.longest_call:
+            steps *= 2
+        return steps
+
+    def _settle(self, steps: int) -> None:
+        self.steps, self.settled = max(1, steps), True
+        fitted = self.overhead()
+        found = ""
+        if fitted is not None:
+            found = f" (a call: {1000 * fitted[0]:.3g} ms + K x {1000 * fitted[1]:.3g} ms)"
+        _log.info("steps_per_execution='auto' chose %d steps per call%s", self.steps, found)
+
+
+def steps_per_execution(value: int | str) -> int | str:
+    """``"auto"`` or an integer >= 1, from command-line text or a run file's value (the
+    name is what argparse shows for a bad value)."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError(f"expected 'auto' or an integer >= 1, got {value!r}")
+
+
+def pace_for(
+    steps_per_execution: int | str,
+    *,
+    debug: bool = False,
+    callbacks: Iterable = (),
+    epoch_steps: int | None = None,
+) -> FixedPace | AutoPace:
+    """The pace of a run: fixed K, or ``"auto"`` up to the smallest
+    ``max_steps_per_execution`` of the ``callbacks`` and the first power of two covering
+    an epoch of ``epoch_steps``. A fixed K above a callback's limit is refused. Debug
+    mode runs eagerly, one step at a time."""
+    limits = {
+        type(c).__name__: c.max_steps_per_execution
+        for c in callbacks
+        if getattr(c, "max_steps_per_execution", None) is not None
+    }
+    if steps_per_execution != AUTO:
+        for name, limit in limits.items():
+            if steps_per_execution > limit:
+                raise ConfigError(
+                    f"callback {name} works with at most {limit} step(s) per compiled call, "
+                    f"but steps_per_execution is {steps_per_execution}: pass "
+                    f"steps_per_execution={limit} or 'auto'"
+                )
+        return FixedPace(int(steps_per_execution))
+    if debug:
+        return FixedPace(1)
+    ceiling = min([AUTO_CEILING, *limits.values()])
+    if epoch_steps is not None:
+        ceiling = min(ceiling, _power_of_two_at_least(epoch_steps))
+    return AutoPace(ceiling)
+
+
+def _power_of_two_at_least(count: float) -> int:
+    return 1 << max(0, math.ceil(count) - 1).bit_length()
