@@ -540,9 +540,8 @@ def _run(args) -> int:
         + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
     )
     if args.steps_per_execution == "auto":
-        print(
-            f"steps per call: {result.steps_per_execution} (chosen by --steps-per-execution auto)"
-        )
+        how = "chosen by" if result.engine.pace.settled else "still being timed by"
+        print(f"steps per call: {result.steps_per_execution} ({how} --steps-per-execution auto)")
     print(f"run dir: {run_dir}")
     if result.checkpoint:
         print(f"checkpoint: {result.checkpoint}")

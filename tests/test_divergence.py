@@ -37,8 +37,10 @@ WORKER = Path(__file__).parent / "workers" / "divergence_mirrored.py"
 
 
 class LastLosses(beatloop.Callback):
-    """Each compiled call's last step's value of every beat's loss (with
-    ``steps_per_execution=1``: every step's), as ``{beat: [values]}``."""
+    """Every step's value of every beat's loss, as ``{beat: [values]}`` (each compiled
+    call's last step's, and it asks for calls of one step)."""
+
+    max_steps_per_execution = 1
 
     def __init__(self):
         self.values: dict[str, list[float]] = {}

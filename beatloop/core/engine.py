@@ -78,6 +78,7 @@ class Engine:
         self.pace = pace_for(
             options.steps_per_execution, debug=options.debug,
             callbacks=self.callbacks.callbacks, epoch_steps=steps_per_epoch,
+            checkpoint_every=options.checkpoint_every if run_dir is not None else None,
         )  # fmt: skip
         self.recovery = Recovery(
             run_checkpoints(parts, run_dir, options),
@@ -199,6 +200,8 @@ class Engine:
             run.steps_per_execution = limit = self.pace.steps
             if target is not None:
                 limit = min(limit, target - done)
+            if self.pace.auto:  # checkpoints at exact multiples, whatever K is being tried
+                limit = min(limit, self.recovery.steps_before_due() or limit)
             started = time.perf_counter()
             self.callbacks.fire("execution_start", run)
             with (

@@ -70,9 +70,15 @@ class AutoPace:
 
     auto = True
 
-    def __init__(self, ceiling: int = AUTO_CEILING, targets: AutoTargets | None = None):
+    def __init__(
+        self,
+        ceiling: int = AUTO_CEILING,
+        targets: AutoTargets | None = None,
+        span: int | None = None,
+    ):
         self.targets = targets or AutoTargets()
         self.ceiling = max(1, ceiling)
+        self.span = span  # the most steps a call can run (an epoch, checkpoint_every)
         self.steps = 1
         self.settled = self.ceiling == 1
         self.timings: dict[int, float] = {}
@@ -101,6 +107,7 @@ class AutoPace:
 
     def pass_ended(self, steps: int) -> None:
         """A pass ended after ``steps`` steps: a K beyond it cannot help."""
+        self.span = steps if self.span is None else min(self.span, steps)
         self.ceiling = min(self.ceiling, _power_of_two_at_least(steps))
         if self.steps >= self.ceiling and not self.settled:
             self._settle(self.ceiling)
@@ -128,10 +135,12 @@ class AutoPace:
             following = 2 * steps
         elif following <= steps:
             return self._settle(steps)
-        longest = self._longest(call / steps)
-        if min(following, longest) <= steps:
+        following = min(following, self._longest(call / steps))
+        if following <= steps:
             return self._settle(steps)
-        self.steps = min(following, longest)
+        if self.span is not None and following >= self.span:
+            return self._settle(following)  # its calls are cut at the span: nothing to time
+        self.steps = following
 
     def _wanted(self) -> int | None:
         """The smallest power of two K at which the fitted per-call overhead is under the
@@ -184,11 +193,13 @@ def pace_for(
     debug: bool = False,
     callbacks: Iterable = (),
     epoch_steps: int | None = None,
+    checkpoint_every: int | None = None,
 ) -> FixedPace | AutoPace:
     """The pace of a run: fixed K, or ``"auto"`` up to the smallest
     ``max_steps_per_execution`` of the ``callbacks`` and the first power of two covering
-    an epoch of ``epoch_steps``. A fixed K above a callback's limit is refused. Debug
-    mode runs eagerly, one step at a time."""
+    an epoch of ``epoch_steps`` or ``checkpoint_every`` steps (the engine ends calls at
+    both under ``"auto"``). A fixed K above a callback's limit is refused. Debug mode runs
+    eagerly, one step at a time."""
     limits = {
         type(c).__name__: c.max_steps_per_execution
         for c in callbacks
@@ -206,9 +217,11 @@ def pace_for(
     if debug:
         return FixedPace(1)
     ceiling = min([AUTO_CEILING, *limits.values()])
-    if epoch_steps is not None:
-        ceiling = min(ceiling, _power_of_two_at_least(epoch_steps))
-    return AutoPace(ceiling)
+    spans = [steps for steps in (epoch_steps, checkpoint_every) if steps is not None]
+    span = min(spans) if spans else None
+    if span is not None:
+        ceiling = min(ceiling, _power_of_two_at_least(span))
+    return AutoPace(ceiling, span=span)
 
 
 def _power_of_two_at_least(count: float) -> int:

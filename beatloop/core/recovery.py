@@ -116,6 +116,14 @@ class Recovery:
         if self.resumed_from is None:
             self.save()
 
+    def steps_before_due(self) -> int | None:
+        """Steps until the next multiple of ``checkpoint_every`` (``None``: no such
+        checkpoints are written)."""
+        every = self.options.checkpoint_every
+        if self.checkpoints is None or every is None:
+            return None
+        return every - int(self.counters.step) % every
+
     def save_if_due(self) -> None:
         """At a call boundary within an epoch: save if ``checkpoint_every`` steps passed."""
         every = self.options.checkpoint_every
