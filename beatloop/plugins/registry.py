@@ -28,7 +28,7 @@ from beatloop.plugins import builtin, hookspecs
 from beatloop.sources import DataSource
 
 BUILTIN = "built-in"
-DISABLE_AUTOLOAD = "BEATLOOP_DISABLE_PLUGIN_AUTOLOAD"
+DISABLE_AUTOLOAD = hookspecs.DISABLE_AUTOLOAD
 
 
 @attrs.frozen
