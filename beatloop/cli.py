@@ -384,18 +384,21 @@ def _failure(error: BaseException, verbose: bool) -> int:
 
 def _list(args) -> int:
     """Print the registered recipes (``-v``: and more) from the cache when its key still
-    holds; otherwise load the plugins (TensorFlow too) and rewrite the cache."""
+    holds; otherwise load the plugins (TensorFlow too) and rewrite the cache. A registry
+    this process has already filled is listed as it is (it may hold registrations of
+    its own), and neither read from nor written to the cache."""
     import contextlib
 
     from beatloop import listing
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings, warning_line
 
-    loaded = sys.modules.get("beatloop.plugins.registry")
-    if loaded is not None and loaded._REGISTRY is not None:  # this process's own registrations
-        found = listing.Listing.of(loaded._REGISTRY)
+    module = sys.modules.get("beatloop.plugins.registry")
+    loaded = module.loaded_registry() if module is not None else None
+    if loaded is not None:
+        found = listing.Listing.of(loaded)
     else:
         key = listing.cache_key()
-        found = None if args.refresh else listing.read_cache(key)
+        found = None if args.refresh or key is None else listing.read_cache(key)
         if found is None:
             if not args.verbose:
                 import_tensorflow_quietly()
@@ -403,7 +406,9 @@ def _list(args) -> int:
                 from beatloop.plugins.registry import registry
 
                 found = listing.Listing.of(registry())
-            problem = listing.write_cache(key, found)
+            problem = "its key could not be read"
+            if key is not None:
+                problem = listing.write_cache(key, found)
             if problem is not None and args.verbose:
                 print(f"beatloop: note: the list cache was not written: {problem}", file=sys.stderr)
         else:  # the warnings loading the plugins gave, as they gave them

@@ -124,9 +124,17 @@ class Listing:
 # -- the key ----------------------------------------------------------------------------
 
 
-def cache_key() -> dict:
+def cache_key() -> dict | None:
     """What the listing depends on, read without importing any plugin (``importlib``'s
-    metadata and ``find_spec`` of top-level modules, file stamps)."""
+    metadata and ``find_spec`` of top-level modules, file stamps); ``None`` when it
+    cannot be read (a broken distribution's metadata): no cache then."""
+    try:
+        return _key()
+    except Exception:  # the cache must never be why the command fails
+        return None
+
+
+def _key() -> dict:
     distributions = importlib.metadata.distributions()
     installed = sorted({(d.name or "", d.version or "") for d in distributions})
     plugins = sorted(
@@ -243,7 +251,7 @@ def write_cache(key: dict, listing: Listing) -> str | None:
             temporary = file.name
             file.write(text)
         os.replace(temporary, path)
-    except OSError as error:
+    except (OSError, ValueError) as error:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)

@@ -70,6 +70,21 @@ def test_a_changed_key_recomputes(cache, capsys):
     assert json.loads(path.read_text())["key"] == listing.cache_key()
 
 
+def test_a_registry_this_process_filled_is_listed_as_it_is_and_not_cached(cache, capsys):
+    from beatloop.recipes.supervised import Supervised
+
+    class Scripted(Supervised):
+        """Registered from a script."""
+
+        name = "scripted"
+
+    registry_module.register(Scripted)  # fills this process's registry (the fixture's own)
+    assert main(["list"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "scripted" in line)
+    assert line.endswith(f"Registered from a script.  [registered in {__name__}]")
+    assert not cache.exists()
+
+
 def test_the_key_follows_beatloop_sources_and_the_autoload_switch(monkeypatch):
     key = listing.cache_key()
     assert key == listing.cache_key()

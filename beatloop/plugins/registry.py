@@ -324,6 +324,12 @@ def registry() -> Registry:
     return _REGISTRY
 
 
+def loaded_registry() -> Registry | None:
+    """The process-wide registry if something has filled it already, else ``None``
+    (nothing is loaded)."""
+    return _REGISTRY
+
+
 def reset_registry() -> None:
     """Forget the registry so the next lookup reloads plugins (after installing one)."""
     global _REGISTRY
