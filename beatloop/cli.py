@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -135,7 +136,13 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     command(
-        "list", help="registered recipes and where they come from (-v: modules, plugins, failures)"
+        "list",
+        help="registered recipes and where they come from (-v: modules, plugins, callbacks, "
+        "data sources, failures); read from a cache while nothing installed has changed",
+    ).add_argument(
+        "--refresh",
+        action="store_true",
+        help="load every plugin and rewrite the cache, even if nothing seems to have changed",
     )
 
     show = command("show", help="a recipe's config fields and beat schedule")
@@ -341,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": _evaluate,
     }
     try:
-        if args.verbose:
+        if args.verbose or args.command == "list":  # list imports TensorFlow on a cache miss only
             return commands[args.command](args)
         import_tensorflow_quietly()
         with one_line_warnings():
@@ -385,23 +392,42 @@ def _failure(error: BaseException, verbose: bool) -> int:
 
 
 def _list(args) -> int:
-    from beatloop.plugins.registry import registry
+    """Print the registered recipes (``-v``: and more) from the cache when its key still
+    holds; otherwise load the plugins (TensorFlow too) and rewrite the cache. A registry
+    this process has already filled is listed as it is (it may hold registrations of
+    its own), and neither read from nor written to the cache."""
+    import contextlib
 
-    reg = registry()
-    entries = [reg.recipes[name] for name in reg.recipe_names()]
-    width = max((len(e.name) for e in entries), default=4)
-    for entry in entries:
-        print(f"{entry.name:<{width}}  {entry.cls.description()}  [{entry.origin}]")
-        if args.verbose:
-            print(f"{'':<{width}}    module: {entry.cls.__module__}  plugin: {entry.plugin}")
-    if args.verbose:
-        for name in sorted(reg.callbacks):
-            entry = reg.callbacks[name]
-            print(
-                f"callback {name}: {entry.cls.__module__}.{entry.cls.__qualname__} [{entry.origin}]"
-            )
-        for failure in reg.failures:
-            print(f"failed plugin {failure.plugin} [{failure.origin}]: {failure.error}")
+    from beatloop import listing
+    from beatloop.terminal import import_tensorflow_quietly, one_line_warnings, warning_line
+
+    module = sys.modules.get("beatloop.plugins.registry")
+    loaded = module.loaded_registry() if module is not None else None
+    if loaded is not None:
+        found = listing.Listing.of(loaded)
+    else:
+        key = listing.cache_key()
+        found = None if args.refresh or key is None else listing.read_cache(key)
+        if found is None:
+            if not args.verbose:
+                import_tensorflow_quietly()
+            with contextlib.nullcontext() if args.verbose else one_line_warnings():
+                from beatloop.plugins.registry import registry
+
+                found = listing.Listing.of(registry())
+            problem = "its key could not be read"
+            if key is not None:
+                problem = listing.write_cache(key, found)
+            if problem is not None and args.verbose:
+                print(f"beatloop: note: the list cache was not written: {problem}", file=sys.stderr)
+        else:  # the warnings loading the plugins gave, as they gave them
+            for failure in found.failures:
+                if args.verbose:
+                    warnings.warn(failure.message, RuntimeWarning, stacklevel=1)
+                else:
+                    print(warning_line(failure.message), file=sys.stderr)
+    for line in found.lines(args.verbose):
+        print(line)
     return 0
 
 

@@ -11,6 +11,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def list_cache_in_tmp(tmp_path_factory):
+    """``beatloop list`` writes its cache under the tests' tmp dir, never the user's cache
+    directory (the commands the tests start inherit the variable)."""
+    os.environ["BEATLOOP_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(scope="session")
 def digits():
     """The built-in digits split as arrays: ({"x", "y"} train, {"x", "y"} validation)."""

@@ -7,6 +7,8 @@ import pluggy
 
 PROJECT = "beatloop"
 ENTRY_POINT_GROUP = PROJECT
+#: Set to 1 (true, yes, on) to load the built-in plugin only, no entry point.
+DISABLE_AUTOLOAD = "BEATLOOP_DISABLE_PLUGIN_AUTOLOAD"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

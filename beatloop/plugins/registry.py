@@ -28,7 +28,7 @@ from beatloop.plugins import builtin, hookspecs
 from beatloop.sources import DataSource
 
 BUILTIN = "built-in"
-DISABLE_AUTOLOAD = "BEATLOOP_DISABLE_PLUGIN_AUTOLOAD"
+DISABLE_AUTOLOAD = hookspecs.DISABLE_AUTOLOAD
 
 
 @attrs.frozen
@@ -321,6 +321,12 @@ def registry() -> Registry:
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = Registry(load_entry_points=not _autoload_disabled())
+    return _REGISTRY
+
+
+def loaded_registry() -> Registry | None:
+    """The process-wide registry if something has filled it already, else ``None``
+    (nothing is loaded)."""
     return _REGISTRY
 
 
