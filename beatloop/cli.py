@@ -363,6 +363,9 @@ def _failure(error: BaseException, verbose: bool) -> int:
 
     if isinstance(error, SystemExit):
         raise error
+    if isinstance(error, BrokenPipeError):  # the reader went away (`beatloop list | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if verbose:
         traceback.print_exception(error, file=sys.stderr)
     if isinstance(error, RunInterrupted):
