@@ -4,7 +4,8 @@
 of its ``execution_end`` work (so the host's share between calls counts), the fastest
 of a few calls per K (noise only ever adds time). K doubles from 1; once three K above
 1 are timed, a call's time is fitted as ``per_call + K * per_step`` and K jumps to the
-smallest power of two at which ``per_call`` is under 2% of a call, and settles there.
+smallest power of two at which ``per_call`` is under 2% of a call and a call lasts at
+least 25 ms, and settles there.
 It stops before a call would last longer than about 0.25 s (progress, Ctrl-C and
 callbacks stay responsive), at the largest K a callback allows, and at the first power
 of two covering a whole pass. Results do not depend on K (the compiled loop takes K as
@@ -34,10 +35,12 @@ _log = logging.getLogger("beatloop")
 @attrs.frozen
 class AutoTargets:
     """What ``"auto"`` aims for: per-call overhead under ``overhead`` of a call, calls no
-    longer than ``longest_call`` seconds, each K judged by the fastest of ``samples``
-    calls (the fastest, because noise only ever adds time)."""
+    shorter than ``shortest_call`` seconds (a floor that holds when noise hides a small
+    overhead from the fit) and no longer than ``longest_call``, each K judged by the
+    fastest of ``samples`` calls (the fastest, because noise only ever adds time)."""
 
     overhead: float = 0.02
+    shortest_call: float = 0.025
     longest_call: float = 0.25
     samples: int = 3
 
@@ -144,18 +147,18 @@ class AutoPace:
 
     def _wanted(self) -> int | None:
         """The smallest power of two K at which the fitted per-call overhead is under the
-        target share of a call (``None``: not fitted yet; twice this K when the fit sees
-        no cost per step, which only noise or a dominating overhead give)."""
+        target share of a call, and calls last the shortest call at least (``None``: not
+        fitted yet; twice this K when the fit sees no cost per step, which only noise or
+        a dominating overhead give)."""
         fitted = self.overhead()
         if fitted is None:
             return None
         per_call, per_step = fitted
         if per_step <= 0:
             return 2 * self.steps
-        if per_call <= 0:
-            return self.steps  # no overhead to measure
         share = self.targets.overhead
-        return _power_of_two_at_least(per_call * (1 - share) / (share * per_step))
+        wanted = max(per_call, 0) * (1 - share) / (share * per_step)  # none seen: 0
+        return _power_of_two_at_least(max(wanted, self.targets.shortest_call / per_step))
 
     def _longest(self, per_step: float) -> int:
         """The largest power of two K up to the ceiling whose calls, at ``per_step``
