@@ -186,3 +186,13 @@ def test_evaluate_under_auto_matches_the_logged_figures(tmp_path):
     figures = beatloop.evaluate(tmp_path / "run")
     assert figures["loss"] == result.history["val_loss"][-1]
     assert np.isfinite(figures["accuracy"])
+
+
+@pytest.mark.parametrize("recipe", ["gan", "multitask", "risk_weighted"])
+def test_every_multi_beat_recipe_trains_under_auto_as_at_one_step(recipe):
+    runs = [
+        beatloop.fit(recipe, epochs=2, seed=1, progress=False, steps_per_execution=k)
+        for k in ("auto", 1)
+    ]
+    assert runs[0].history == runs[1].history
+    assert_same_weights(all_weights(runs[0].models), all_weights(runs[1].models))
