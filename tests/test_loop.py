@@ -93,8 +93,10 @@ def test_the_loop_runs_k_steps_a_call_and_advances_the_counters_once_per_call():
     assert ran == [4, 4, 2, 0]  # the data's end is a count, not an exception
     assert int(seen) == 10 and int(counters.step) == 10 and int(counters.examples) == 20
     assert int(counters.pass_batches) == 10 and int(counters.epoch_batches) == 10
-    assert loop.trace_count == 2  # traced once each, at construction: K steps and one step
+    assert loop.trace_count == 1  # the K-step loop, at construction; no one-step call yet
     assert loop(iter(batches(3)), limit=1) == CallResult(1)
+    assert loop(iter(batches(3)), limit=1) == CallResult(1)
+    assert loop.trace_count == 2  # the one-step call, traced on its first use only
 
 
 def test_the_loop_stops_at_the_first_faulted_step_and_says_which_checks():

@@ -271,10 +271,10 @@ def _gradient_problems(
         return tf.constant(0)
 
     if strategy is None:
-        tf.function(probe).get_concrete_function(dict(batch_spec))
+        tf.function(probe, autograph=False).get_concrete_function(dict(batch_spec))
     else:  # traced once per replica: the same problems, found twice
         distributed = lambda batch: strategy.run(probe, args=(batch,))  # noqa: E731
-        tf.function(distributed).get_concrete_function(dict(batch_spec))
+        tf.function(distributed, autograph=False).get_concrete_function(dict(batch_spec))
     warn_global_random(global_random, context)
     return list(dict.fromkeys(problems))
 

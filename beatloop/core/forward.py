@@ -63,6 +63,7 @@ class ModelCalls(Mapping[str, Callable]):
     def __len__(self) -> int:
         return len(self._models)
 
+    @tf.autograph.experimental.do_not_convert
     def raw(self, name: str) -> keras.Layer:
         """The model object itself, for its variables or sub-layers."""
         return self._models[name]
@@ -85,6 +86,9 @@ class ModelCalls(Mapping[str, Callable]):
 _HALF = (tf.float16, tf.bfloat16)
 
 
+# beatloop's own code, called from a recipe's converted loss: left unconverted (its checks
+# run in Python when traced; converting them would only cost time).
+@tf.autograph.experimental.do_not_convert
 def _call_in_float32(
     model: keras.Layer, mode: bool, name: str = "model", batch=None, /, *args, **kwargs
 ):

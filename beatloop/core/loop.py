@@ -51,9 +51,10 @@ class CallResult:
 class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
-    Compiled once, on construction, for the data set's element spec (batch dimension
-    unknown), so a short last batch reuses the same trace; ``trace_count`` counts traces
-    (two when compiled: the K-step loop and the one-step call). A step returns
+    Compiled for the data set's element spec (batch dimension unknown), so a short last
+    batch reuses the same trace: on construction the function a full call runs (the
+    one-step call when K is 1, else the K-step loop), the other on its first use, if
+    any; ``trace_count`` counts traces (at most two when compiled). A step returns
     ``(checks, examples)`` with ``checks`` of ``checks`` rows; the loop stops early at the
     end of the data or at a step whose checks are not all finite. With a ``divergence``
     guard each step's checks pass through it (a column added, the guard's window
@@ -81,7 +82,7 @@ class CompiledLoop:
         if jit_compile and compiled:
             # XLA compiles the step; the loop around it pulls from the iterator, which
             # XLA cannot compile. A new batch shape (a short last batch) compiles anew.
-            step = tf.function(step, jit_compile=True)
+            step = tf.function(step, jit_compile=True, autograph=False)
         self.step = step
         self.steps_per_execution = steps_per_execution
         self.checks = checks
@@ -90,28 +91,57 @@ class CompiledLoop:
         self.counters = counters
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
-        self._multi, self._one = self._compile(element_spec, compiled, distributed)
+        self._traced: dict[str, Callable] = {}
+        self._functions = self._compile(element_spec, compiled, distributed)
+        if compiled and not distributed:
+            # Trace now what the first full call runs: a recipe's mistakes, and data
+            # that does not fit, show when the loop is built.
+            _ = self._one if steps_per_execution == 1 else self._multi
 
     def _compile(self, element_spec, compiled: bool, distributed: bool):
-        """The K-step and the one-step functions (``None``: the K-step one serves both).
+        """The K-step and the one-step functions with their input specs (no one-step
+        function: the K-step one serves both), each traced on its first use.
 
-        Traced here for the data set's spec and called as concrete functions, which
-        skips tf.function's per-call argument matching and cannot retrace; a distributed
-        iterator's spec is known only once it exists, so that case traces on the first
-        call. One step needs no while loop: a conditional on the next batch is cheaper.
+        Traced for the data set's spec and called as concrete functions, which skips
+        tf.function's per-call argument matching and cannot retrace; a distributed
+        iterator's spec is known only once it exists, so that case is traced by
+        tf.function on the first call. One step needs no while loop: a conditional on
+        the next batch is cheaper. AutoGraph is off: the control flow here is explicit,
+        and a recipe's own code is converted where it is called
+        (:func:`~beatloop.core.user_code.call_user`).
         """
         if not compiled:
-            return self.multi_step_on_iterator, None
+            return {"multi": (self.multi_step_on_iterator, None)}
         if distributed:
-            return tf.function(self.multi_step_on_iterator), None
+            return {"multi": (tf.function(self.multi_step_on_iterator, autograph=False), None)}
         iterator_spec = tf.data.IteratorSpec(dict(element_spec))
         limit_spec = tf.TensorSpec([], tf.int32, name="limit")
-        multi = tf.function(self.multi_step_on_iterator)
-        one = tf.function(self.one_step_on_iterator)
-        return (
-            multi.get_concrete_function(iterator_spec, limit_spec),
-            one.get_concrete_function(iterator_spec),
-        )
+        multi = tf.function(self.multi_step_on_iterator, autograph=False)
+        one = tf.function(self.one_step_on_iterator, autograph=False)
+        return {"multi": (multi, (iterator_spec, limit_spec)), "one": (one, (iterator_spec,))}
+
+    def _function(self, name: str) -> Callable | None:
+        """The function ``name`` (``"multi"``, ``"one"``), traced on first use; ``None``
+        when the loop has no such function."""
+        if name not in self._traced:
+            if name not in self._functions:
+                return None
+            function, specs = self._functions[name]
+            if specs is not None:
+                function = function.get_concrete_function(*specs)
+            self._traced[name] = function
+        return self._traced[name]
+
+    @property
+    def _multi(self) -> Callable:
+        """The K-step function (traced on first use)."""
+        return self._function("multi")
+
+    @property
+    def _one(self) -> Callable | None:
+        """The one-step function (traced on first use; a call of limit 1 is the only
+        one that runs it), ``None`` when the K-step function serves both."""
+        return self._function("one")
 
     def first_step_number(self) -> tf.Tensor:
         """The number of the call's first step: steps run before it."""

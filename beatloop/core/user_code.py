@@ -19,6 +19,9 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import tensorflow as tf
+from tensorflow.python.autograph.core import ag_ctx as autograph_ctx
+from tensorflow.python.autograph.core import converter as autograph_converter
+from tensorflow.python.autograph.impl import api as autograph_api
 
 from beatloop.core.batches import batch_shapes
 from beatloop.core.errors import BeatloopError, MismatchFound, UserCodeError
@@ -33,13 +36,27 @@ def call_user(fn: Callable, what: str, beat: str | None, *args):
     """``fn(*args)``; an exception from ``fn`` itself becomes a UserCodeError naming
     ``what`` it is (``"loss"``, ``"metric update"``, ``"forward"``), its name and ``beat``.
 
-    Autograph converts this function (so ``fn`` is converted too); the handler holds no
-    conditional for it to rewrite: :func:`reported` picks the exception to raise.
+    When traced, ``fn`` runs converted by AutoGraph (its Python ``if``/``for`` on tensors
+    become graph control flow), as if the compiled function calling it were converted:
+    beatloop's own compiled functions are traced without AutoGraph (their control flow
+    is explicit), so only the recipe's code pays for conversion. Eagerly (debug mode)
+    ``fn`` runs as written.
     """
     try:
+        if tf.inside_function():
+            with autograph_ctx.ControlStatusCtx(autograph_ctx.Status.ENABLED, _USER_CODE):
+                return autograph_api.converted_call(fn, args, None, options=_USER_CODE)
         return fn(*args)
     except Exception as error:
         raise reported(error, f"{what} {function_name(fn)!r}", beat)  # noqa: B904
+
+
+#: How AutoGraph converts a recipe's function: as ``tf.function`` would convert the
+#: functions its function calls (recursively, TensorFlow's and Keras's own code left as it
+#: is; no optional features: Python lists stay lists).
+_USER_CODE = autograph_converter.ConversionOptions(
+    recursive=True, user_requested=False, internal_convert_user_code=True, optional_features=None
+)
 
 
 def reported(error: Exception, function: str, beat: str | None) -> Exception:
