@@ -333,7 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         if args.verbose:
-            return commands[args.command](args)
+            from beatloop.core import grappler_lines
+
+            with grappler_lines.shown():
+                return commands[args.command](args)
         import_tensorflow_quietly()
         with one_line_warnings():
             return commands[args.command](args)

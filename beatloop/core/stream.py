@@ -22,6 +22,7 @@ import threading
 
 import tensorflow as tf
 
+from beatloop.core import grappler_lines
 from beatloop.core.batches import DataSplit
 from beatloop.core.counters import Counters
 from beatloop.core.errors import DataError
@@ -79,6 +80,7 @@ class DataStream:
         self._validation = _distributed(strategy, split.validation)
         self._current: list = []  # the open pass's iterator, when a pass is open
         self._releaser = IteratorReleaser()
+        self._called: set[tuple[CompiledLoop, bool]] = set()
 
     @property
     def has_validation(self) -> bool:
@@ -89,7 +91,7 @@ class DataStream:
         if not self._current:
             self._current = [iter(self._train)]
             self.counters.open_pass()
-        return loop(self._current[0], limit)
+        return self._call(loop, self._current[0], limit)
 
     def end_pass(self) -> None:
         """Close the open pass, letting go of its iterator without waiting."""
@@ -104,7 +106,7 @@ class DataStream:
         data = self._validation if dataset is None else _distributed(self._strategy, dataset)
         current = [iter(data)]
         try:
-            while loop(current[0], limit).ran == limit:
+            while self._call(loop, current[0], limit).ran == limit:
                 pass
         finally:
             self._releaser.release(current)
@@ -129,6 +131,16 @@ class DataStream:
                     f"cannot resume: the checkpoint is {taken} batches into the training "
                     f"data, but the data set now gives only {skipped}"
                 )
+
+    def _call(self, loop: CompiledLoop, iterator, limit: int) -> CallResult:
+        """``loop(iterator, limit)``; its first one-step and first K-step calls (where
+        Grappler optimises the graph) with Grappler's give-up lines kept off stderr."""
+        kind = (loop, limit == 1)
+        if kind in self._called:
+            return loop(iterator, limit)
+        self._called.add(kind)
+        with grappler_lines.hidden():
+            return loop(iterator, limit)
 
     def _let_go(self) -> None:
         if self._current:
