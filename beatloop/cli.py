@@ -348,7 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": _evaluate,
     }
     try:
-        if args.verbose or args.command == "list":  # list imports TensorFlow on a cache miss only
+        if args.verbose:
+            from beatloop.core import grappler_lines
+
+            with grappler_lines.shown():
+                return commands[args.command](args)
+        if args.command == "list":  # list imports TensorFlow on a cache miss only
             return commands[args.command](args)
         import_tensorflow_quietly()
         with one_line_warnings():

@@ -2,10 +2,12 @@
 repeated endlessly with ``steps_per_epoch``, which never ends a pass.
 
 A difference between the two is the cost of ending a pass (letting go of the iterator,
-opening the next). Cases: the `gan` recipe, conv (the 1,792 digits resized to 28x28, 28
-batches of 64 a pass) and dense (8x8, the digits 8 times a pass), `supervised` on the
-digits (8 times a pass), and `supervised` on its built-in pipeline (shuffled, cached,
-prefetched, batches of 8, validation each epoch); Keras `fit` on the supervised data,
+opening the next, its autotuning starting over; the stream now runs passes of known
+length as repetitions of one iterator, so it should find none). Cases: the `gan`
+recipe, conv (the 1,792 digits resized to 28x28, 28 batches of 64 a pass) and dense
+(8x8, the digits 8 times a pass), `supervised` on the digits (8 times a pass), and
+`supervised` on its built-in pipeline (shuffled, cached, prefetched, batches of 8,
+validation each epoch); Keras `fit` on the supervised data,
 both ways, for reference. Per fit the first epoch (tracing) is dropped and the median of
 the others kept; the figure is the median over interleaved repeats.
 

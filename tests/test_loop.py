@@ -3,6 +3,7 @@ alone, on real TensorFlow."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 
@@ -124,7 +125,8 @@ def test_the_stream_lets_go_of_a_finished_pass_on_another_thread():
     step, _ = counting_step()
     counters = Counters()
     loop = CompiledLoop(step, 8, batches(1).element_spec, checks=1, counters=counters)
-    stream = DataStream(DataSplit(batches(5)), counters)
+    unknown_length = batches(5).filter(lambda batch: True)  # so a pass has an end
+    stream = DataStream(DataSplit(unknown_length), counters)
     assert stream.train(loop, 8).ran == 5
     destroyed_on = []
     record_thread = lambda: destroyed_on.append(threading.current_thread().name)  # noqa: E731
@@ -147,5 +149,31 @@ def test_the_stream_repositions_at_the_counted_batch_of_the_counted_pass():
     counters.pass_batches.assign(3)
     stream = DataStream(DataSplit(reshuffled()), counters)
     stream.reposition()  # the 4th batch of the 2nd pass comes next
-    following = [int(b["x"][0]) for b in stream._current[0]]
+    following = [int(b["x"][0]) for b in itertools.islice(stream._current[0], 3)]
     assert following == passes[1][3:]
+
+
+def test_passes_of_known_length_are_one_iterator_s_repetitions_in_the_same_order():
+    def reshuffled():  # a new order each pass, the same orders for each copy
+        return tf.data.Dataset.range(6).shuffle(6, seed=1).map(lambda v: {"x": [[v]]})
+
+    data = reshuffled()
+    passes = [[int(b["x"][0, 0]) for b in data] for _ in range(3)]
+    seen = tf.Variable(tf.zeros([18], tf.int64))
+
+    def recording_step(batch, number):
+        seen.scatter_nd_update([[number]], [batch["x"][0, 0]])
+        return tf.zeros([1, 2]), tf.constant(1, tf.int64)
+
+    counters = Counters()
+    loop = CompiledLoop(recording_step, 4, data.element_spec, checks=1, counters=counters)
+    stream = DataStream(DataSplit(reshuffled()), counters)
+    ran = []
+    for _ in range(3):  # as the engine runs epochs without steps_per_epoch
+        ran += [stream.train(loop, 4).ran, stream.train(loop, 4).ran, stream.train(loop, 4).ran]
+        iterator = stream._current[0]
+        stream.end_pass()
+        assert stream._current[0] is iterator  # kept, not let go of
+    assert ran == [4, 2, 0] * 3  # no call crosses the end of a pass
+    assert seen.numpy().tolist() == passes[0] + passes[1] + passes[2]
+    assert int(counters.passes) == 3 and int(counters.step) == 18

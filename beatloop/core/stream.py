@@ -8,11 +8,13 @@ run rebuilds its iterator at the same batch: it opens, and drops, as many iterat
 the interrupted run had opened (a shuffle that reshuffles each pass is then at the same
 pass), and skips the batches already taken.
 
-Destroying a ``tf.data`` iterator joins its autotuning thread, and waits while that
-thread is busy (``benchmarks/epoch_boundary.py`` measures what that costs at the end of
-a pass). The stream hands iterators it is done with to :class:`IteratorReleaser`, which
-destroys them on a thread of its own, so the end of a pass costs the training loop
-nothing.
+A new ``tf.data`` iterator each pass costs the passes after it (its autotuning starts
+over), and destroying one joins its autotuning thread, waiting while that thread is busy
+(``benchmarks/epoch_boundary.py`` measures both). So when a pass's length is known, the
+passes are the repetitions of one iterator over the data repeated endlessly, each call
+asking for no more than the pass has left: the repetitions give the same batches in
+the same order as one iterator a pass. Other iterators the stream is done with go to
+:class:`IteratorReleaser`, which destroys them on a thread of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import threading
 
 import tensorflow as tf
 
+from beatloop.core import grappler_lines
 from beatloop.core.batches import DataSplit
 from beatloop.core.counters import Counters
 from beatloop.core.errors import DataError
@@ -75,25 +78,43 @@ class DataStream:
     ):
         self.counters = counters
         self._strategy = strategy
-        self._train = _distributed(strategy, split.train)
+        self._length = _pass_length(split.train, strategy)
+        self._passes = _distributed(strategy, split.train)  # one iterator, one pass
+        # Passes of a known length are the repetitions of one endless iterator.
+        self._train = split.train.repeat() if self._length else self._passes
         self._validation = _distributed(strategy, split.validation)
-        self._current: list = []  # the open pass's iterator, when a pass is open
+        self._current: list = []  # the training iterator, while it is kept
+        self._open = False  # a pass is open
+        self._taken = 0  # batches taken from the open pass
         self._releaser = IteratorReleaser()
+        self._called: set[tuple[CompiledLoop, bool]] = set()
 
     @property
     def has_validation(self) -> bool:
         return self._validation is not None
 
     def train(self, loop: CompiledLoop, limit: int) -> CallResult:
-        """One compiled call on the open pass (a pass opens if none is)."""
-        if not self._current:
-            self._current = [iter(self._train)]
+        """One compiled call on the open pass (a pass opens if none is). A call never
+        crosses the end of a pass: at most the pass's remaining batches are asked for."""
+        if not self._open:
+            if not self._current:
+                self._current = [iter(self._train)]
             self.counters.open_pass()
-        return loop(self._current[0], limit)
+            self._open, self._taken = True, 0
+        if self._length:
+            limit = min(limit, self._length - self._taken)
+            if limit == 0:
+                return CallResult(0)
+        result = self._call(loop, self._current[0], limit)
+        self._taken += result.ran
+        return result
 
     def end_pass(self) -> None:
-        """Close the open pass, letting go of its iterator without waiting."""
-        self._let_go()
+        """Close the open pass. The iterator of a whole pass of known length is kept (its
+        next repetition is the next pass); any other is let go of without waiting."""
+        if not (self._length and self._taken == self._length):
+            self._let_go()
+        self._open = False
         self.counters.close_pass()
 
     def validate(
@@ -104,7 +125,7 @@ class DataStream:
         data = self._validation if dataset is None else _distributed(self._strategy, dataset)
         current = [iter(data)]
         try:
-            while loop(current[0], limit).ran == limit:
+            while self._call(loop, current[0], limit).ran == limit:
                 pass
         finally:
             self._releaser.release(current)
@@ -118,17 +139,28 @@ class DataStream:
         checkpoint is restored)."""
         self._let_go()
         passes, taken = int(self.counters.passes), int(self.counters.pass_batches)
-        open_pass = taken >= 0 and passes > 0
-        for _ in range(passes - 1 if open_pass else passes):
-            iter(self._train)  # never read from: dropping it costs nothing
-        if open_pass:
+        self._open = taken >= 0 and passes > 0
+        for _ in range(passes - 1 if self._open else passes):
+            iter(self._passes)  # never read from: dropping it costs nothing
+        if self._open:
             self._current = [iter(self._train)]
-            skipped = int(_skip(self._current[0], tf.constant(taken, tf.int64)))
+            within = taken if self._length is None else min(taken, self._length)
+            skipped = self._taken = int(_skip(self._current[0], tf.constant(within, tf.int64)))
             if skipped != taken:
                 raise DataError(
                     f"cannot resume: the checkpoint is {taken} batches into the training "
                     f"data, but the data set now gives only {skipped}"
                 )
+
+    def _call(self, loop: CompiledLoop, iterator, limit: int) -> CallResult:
+        """``loop(iterator, limit)``; its first one-step and first K-step calls (where
+        Grappler optimises the graph) with Grappler's give-up lines kept off stderr."""
+        kind = (loop, limit == 1)
+        if kind in self._called:
+            return loop(iterator, limit)
+        self._called.add(kind)
+        with grappler_lines.hidden():
+            return loop(iterator, limit)
 
     def _let_go(self) -> None:
         if self._current:
@@ -145,6 +177,15 @@ def _skip(iterator, count: tf.Tensor) -> tf.Tensor:
             break
         taken += 1
     return taken
+
+
+def _pass_length(dataset: tf.data.Dataset, strategy) -> int | None:
+    """Batches in one pass over ``dataset`` when known and finite (without a strategy;
+    ``None`` otherwise)."""
+    if strategy is not None:
+        return None
+    cardinality = int(dataset.cardinality())
+    return cardinality if cardinality > 0 else None
 
 
 def _distributed(strategy, dataset):
