@@ -407,7 +407,8 @@ def test_a_run_prints_only_beatloop_lines(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no TensorFlow banner, no absl line, no warning
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("supervised: 1 epoch(s)") and lines[1].startswith("run dir: ")
+    assert lines[0].startswith("supervised: 1 epoch(s)") and lines[1].startswith("steps per call: ")
+    assert lines[2].startswith("run dir: ")
     shown = beatloop_command("list", "--verbose", cwd=tmp_path)  # TensorFlow's lines, asked for
     assert shown.returncode == 0 and "oneDNN custom operations are on" in shown.stderr
 

@@ -97,7 +97,10 @@ def test_the_loop_runs_k_steps_a_call_and_advances_the_counters_once_per_call():
     assert loop.trace_count == 1  # the K-step loop, at construction; no one-step call yet
     assert loop(iter(batches(3)), limit=1) == CallResult(1)
     assert loop(iter(batches(3)), limit=1) == CallResult(1)
-    assert loop.trace_count == 2  # the one-step call, traced on its first use only
+    assert loop.trace_count == 1  # a call of one step runs the same K-step graph
+    one = CompiledLoop(step, 1, batches(1).element_spec, checks=1)
+    assert [one(iterator).ran for iterator in [iter(batches(2))] * 3] == [1, 1, 0]
+    assert one.trace_count == 1  # K=1: the one-step conditional, and only it
 
 
 def test_the_loop_stops_at_the_first_faulted_step_and_says_which_checks():

@@ -52,9 +52,11 @@ class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
     Compiled for the data set's element spec (batch dimension unknown), so a short last
-    batch reuses the same trace: on construction the function a full call runs (the
-    one-step call when K is 1, else the K-step loop), the other on its first use, if
-    any; ``trace_count`` counts traces (at most two when compiled). A step returns
+    batch reuses the same trace: on construction the one function its calls run, the
+    one-step call when K is 1, else the K-step loop, which then runs every call, those
+    of fewer steps included (one graph: Grappler may optimise a conditional and a loop
+    body apart, and a recipe with second-order gradients can then differ in the last
+    bit, so results would depend on where calls end); ``trace_count`` counts traces. A step returns
     ``(checks, examples)`` with ``checks`` of ``checks`` rows; the loop stops early at the
     end of the data or at a step whose checks are not all finite. With a ``divergence``
     guard each step's checks pass through it (a column added, the guard's window
@@ -105,9 +107,9 @@ class CompiledLoop:
         Traced for the data set's spec and called as concrete functions, which skips
         tf.function's per-call argument matching and cannot retrace; a distributed
         iterator's spec is known only once it exists, so that case is traced by
-        tf.function on the first call. One step needs no while loop: a conditional on
-        the next batch is cheaper. AutoGraph is off: the control flow here is explicit,
-        and a recipe's own code is converted where it is called
+        tf.function on the first call. A loop of K=1 needs no while loop: a
+        conditional on the next batch is cheaper. AutoGraph is off: the control flow
+        here is explicit, and a recipe's own code is converted where it is called
         (:func:`~beatloop.core.user_code.call_user`).
         """
         if not compiled:
@@ -139,8 +141,8 @@ class CompiledLoop:
 
     @property
     def _one(self) -> Callable | None:
-        """The one-step function (traced on first use; a call of limit 1 is the only
-        one that runs it), ``None`` when the K-step function serves both."""
+        """The one-step function (traced on first use; only a loop of K=1 runs it),
+        ``None`` when the K-step function serves both."""
         return self._function("one")
 
     def first_step_number(self) -> tf.Tensor:
@@ -210,7 +212,7 @@ class CompiledLoop:
     def __call__(self, iterator, limit: int | None = None) -> CallResult:
         """Run up to ``limit`` (at most K) steps and say how many ran and why it stopped."""
         limit = self.steps_per_execution if limit is None else min(limit, self.steps_per_execution)
-        if limit == 1 and self._one is not None:
+        if self.steps_per_execution == 1 and self._one is not None:
             status, checks = self._one(iterator)
         else:
             if limit not in self._limits:

@@ -47,7 +47,9 @@ CONFIGS = {
 
 
 class LastLosses(beatloop.Callback):
-    """Each compiled call's last step's beat losses (``last_`` + beat name)."""
+    """Every step's beat losses (``last_`` + beat name): it asks for one step a call."""
+
+    max_steps_per_execution = 1
 
     def __init__(self):
         self.values: list[dict[str, float]] = []
