@@ -26,7 +26,7 @@ from beatloop.data import digits_arrays
 from beatloop.recipes.gan import Gan
 
 LATENT, BATCH, PASSES, MULTI_STEP = 16, 64, 8, 32
-TARGET = 0.95
+TARGET = 1.0
 
 
 def make_data() -> tf.data.Dataset:

@@ -27,7 +27,7 @@ import beatloop
 from beatloop.data import digits_arrays
 from beatloop.recipes.multitask import Multitask
 
-BATCH, PASSES, MULTI_STEP, TARGET = 64, 8, 32, 0.95
+BATCH, PASSES, MULTI_STEP, TARGET = 64, 8, 32, 1.0
 METRICS = ("task_digit", "task_ink", "digit_loss", "ink_loss")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import keras
+import tensorflow as tf
 
 #: Prefix of the last step's value of a beat's loss in ``on_execution_end``'s logs.
 LAST = "last_"
@@ -28,7 +29,11 @@ class LastValue(keras.metrics.Metric):
 
     def update_state(self, value, sample_weight=1.0):
         weight = keras.ops.cast(sample_weight, self.dtype)
-        self.total.assign(keras.ops.cast(value, self.dtype) * weight)
+        self.take(keras.ops.cast(value, self.dtype), weight)
+
+    def take(self, value, weight) -> None:
+        """:meth:`update_state` for a value and weight already in the metric's dtype."""
+        self.total.assign(value * weight)
         self.count.assign(weight)
 
     def result(self):
@@ -66,10 +71,24 @@ class StepMetrics:
         self._with_last = self._named | {LAST + name: m for name, m in self.last.items()}
 
     def update_loss(self, beat_name: str, loss, size) -> None:
-        """Take one beat's loss on a batch of ``size`` rows (in compiled code)."""
-        self.losses[beat_name].update_state(loss, sample_weight=size)
+        """Take one beat's loss on a batch of ``size`` rows (in compiled code).
+
+        A scalar loss goes straight into the mean's two variables, as
+        ``Mean.update_state`` would put it (``loss * size``, ``size``: the same values,
+        bit for bit) without its broadcasts and reductions of a scalar; the weight is
+        cast once for the mean and the last value."""
+        mean = self.losses[beat_name]
+        if getattr(loss, "shape", None) is None or loss.shape.rank != 0:
+            mean.update_state(loss, sample_weight=size)
+            if self.last:
+                self.last[beat_name].update_state(loss, sample_weight=size)
+            return
+        value = tf.cast(loss, mean.dtype)
+        weight = tf.cast(size, mean.dtype)
+        mean.total.assign_add(value * weight)
+        mean.count.assign_add(weight)
         if self.last:
-            self.last[beat_name].update_state(loss, sample_weight=size)
+            self.last[beat_name].take(value, weight)
 
     def reset(self) -> None:
         """Start the means and the recipe's metrics again (each epoch); the last values

@@ -18,7 +18,13 @@ from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
-from beatloop.core.numerics import DivergenceGuard, beat_checks, check_finite, no_checks
+from beatloop.core.numerics import (
+    DivergenceGuard,
+    beat_checks,
+    check_finite,
+    gradient_squares,
+    no_checks,
+)
 from beatloop.core.replicas import on_replicas, replica_view
 from beatloop.core.user_code import call_user
 
@@ -75,7 +81,7 @@ class TrainStep:
                 )
             checks.append(rows)
         call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
-        return tf.concat(checks, axis=0), size
+        return (checks[0] if len(checks) == 1 else tf.concat(checks, axis=0)), size
 
     def run_group(self, group: BoundGroup, batch, size, weight, random, step):
         """One entry of the step, ``repeat`` times: every beat's gradients from the same
@@ -97,7 +103,7 @@ class TrainStep:
                 # Under loss scaling an overflowing gradient is expected now and then: the
                 # optimizer skips that update and lowers the scale, so only the loss counts.
                 if not scaled:
-                    squares[beat.name].extend(tf.reduce_sum(tf.square(g)) for g in grads)
+                    squares[beat.name].extend(gradient_squares(grads))
             if self.debug and self.divergence is not None and repeat == group.repeat - 1:
                 for beat in group.beats:  # the step's loss is whole: before its last update
                     self.divergence.check_eager(beat, tf.add_n(losses[beat.name]), step)
