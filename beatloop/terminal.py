@@ -3,8 +3,8 @@ out, and warnings as one line each (``beatloop: warning: ...``).
 
 TensorFlow's C++ code prints its start-up lines (the oneDNN banner, absl's "All log
 messages before absl::InitializeLog()") while it is imported, before any log level can
-stop them, so standard error is read into a file during that import only, and every
-line that is not one of those is written back: real errors stay visible.
+stop them, so standard error passes through a filter during that import only, which
+drops those lines and writes every other one on: real errors stay visible.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import warnings
+
+from beatloop.core.grappler_lines import dropping
 
 #: Lines TensorFlow prints while it is imported that say nothing about the run.
 START_UP_NOISE = re.compile(
@@ -43,35 +44,8 @@ def import_tensorflow_quietly() -> None:
     if "tensorflow" in sys.modules:
         return
     quiet_environment()
-    with _filtered_stderr(START_UP_NOISE):
+    with dropping(START_UP_NOISE):
         import tensorflow  # noqa: F401
-
-
-@contextlib.contextmanager
-def _filtered_stderr(noise: re.Pattern):
-    """Point file descriptor 2 at a temporary file, then write back the lines that do
-    not match ``noise``."""
-    try:
-        descriptor = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file: nothing to filter
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(descriptor)
-    with tempfile.TemporaryFile(mode="w+b") as captured:
-        os.dup2(captured.fileno(), descriptor)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, descriptor)
-            os.close(saved)
-            captured.seek(0)
-            text = captured.read().decode("utf-8", errors="replace")
-            kept = [line for line in text.splitlines(keepends=True) if not noise.search(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ meta_optimizer.cc:NNN] remapper failed: ...`` line from C++ straight to file des
 2 (no log level hides it) and runs the graph without that pass, correctly
 (``benchmarks/remapper.py`` measures what the remapper's rewrite is worth). The data
 stream wraps the first call of each compiled loop in :func:`hidden`, which drops those
-lines only and passes every other line through as it comes.
+lines only and passes every other line through as it comes (:func:`dropping`, which
+also keeps TensorFlow's start-up lines out while the command line imports it).
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def hidden():
     if _shown.get():
         yield
         return
+    with dropping(GIVE_UP):
+        yield
+
+
+@contextlib.contextmanager
+def dropping(lines: re.Pattern):
+    """While it lasts, lines written to file descriptor 2 (by Python or C++) that match
+    ``lines`` are dropped; the others are written on as soon as they end."""
     try:
         descriptor = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # not a real file: nothing to filter
@@ -52,7 +61,7 @@ def hidden():
     os.dup2(writing, descriptor)
     os.close(writing)
     relay = threading.Thread(
-        target=_relay, args=(reading, saved), name="beatloop-stderr-filter", daemon=True
+        target=_relay, args=(reading, saved, lines), name="beatloop-stderr-filter", daemon=True
     )
     relay.start()
     try:
@@ -63,16 +72,16 @@ def hidden():
         relay.join(timeout=5)
 
 
-def _relay(reading: int, target: int) -> None:
-    """Copy lines from ``reading`` to ``target`` until the pipe closes, dropping
-    Grappler's give-up lines; close both descriptors at the end."""
+def _relay(reading: int, target: int, dropped: re.Pattern) -> None:
+    """Copy lines from ``reading`` to ``target`` until the pipe closes, dropping those
+    that match ``dropped``; close both descriptors at the end."""
     pending = b""
     try:
         while chunk := os.read(reading, 65536):
             *lines, pending = (pending + chunk).split(b"\n")
-            kept = b"".join(line + b"\n" for line in lines if not _give_up(line))
+            kept = b"".join(line + b"\n" for line in lines if not _matches(dropped, line))
             _write(target, kept)
-        if not _give_up(pending):
+        if not _matches(dropped, pending):
             _write(target, pending)
     finally:
         os.close(reading)
@@ -84,5 +93,5 @@ def _write(target: int, data: bytes) -> None:
         data = data[os.write(target, data) :]
 
 
-def _give_up(line: bytes) -> bool:
-    return GIVE_UP.search(line.decode("utf-8", errors="replace")) is not None
+def _matches(pattern: re.Pattern, line: bytes) -> bool:
+    return pattern.search(line.decode("utf-8", errors="replace")) is not None
