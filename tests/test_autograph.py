@@ -96,3 +96,20 @@ def test_python_control_flow_on_tensors_in_recipe_code_is_converted(small_digits
     assert 0.0 < compiled_history["big"][0] <= 1.0
     initial = TensorControlFlow().build_models(None)["model"].get_weights()
     assert not np.allclose(compiled_weights[0], initial[0])
+
+
+class AsWritten(TensorControlFlow):
+    """The same code, declared to need no conversion: traced as written."""
+
+    name = "as_written_test"
+    autograph = False
+
+
+def test_a_recipe_declaring_autograph_false_is_traced_as_written(small_digits):
+    # Its Python `if` on a tensor is then TensorFlow's own error, named as the recipe's.
+    train, validation = small_digits
+    data = dict_batches(train, 25), dict_batches(validation, 50)
+    with pytest.raises(beatloop.UserCodeError, match="loss 'xent'") as raised:
+        beatloop.fit(AsWritten(), data=data, seed=0)
+    assert isinstance(raised.value.original, tf.errors.OperatorNotAllowedInGraphError)
+    assert raised.value.at.endswith('if tf.reduce_sum(batch["y"]) % 2 == 0:')

@@ -35,7 +35,7 @@ from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
 from beatloop.core.supplied import loaded, missing_models
-from beatloop.core.user_code import in_recipe
+from beatloop.core.user_code import as_written, in_recipe, recipe_functions
 
 
 @attrs.frozen
@@ -132,7 +132,8 @@ def _loops(
     traced on its own data set's spec (errors name the recipe ``label`` and the data)."""
     common = _compile_options(options, strategy)
     train_step = TrainStep(
-        bound, train_metrics, recipe.update_metrics, debug=options.debug, strategy=strategy,
+        bound, train_metrics, as_written(recipe, recipe.update_metrics), debug=options.debug,
+        strategy=strategy,
         divergence=divergence,
     )  # fmt: skip
     with data_errors("training", label), in_recipe(label, data.train.element_spec):
@@ -171,7 +172,8 @@ def validation_loop(
     """The compiled loop of validation steps (every beat's loss and the metrics, models in
     inference mode) traced for batches of ``spec``: the run's validation loop, and the one
     an evaluation on other data (``role``) runs."""
-    step = ValidationStep(bound, metrics, recipe.update_metrics, strategy=strategy, random=random)
+    update = as_written(recipe, recipe.update_metrics)
+    step = ValidationStep(bound, metrics, update, strategy=strategy, random=random)
     with data_errors(role, label), in_recipe(label, spec):
         return CompiledLoop(step, steps_per_execution, spec, **_compile_options(options, strategy))
 
@@ -309,12 +311,12 @@ def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -
             recipe.schedule(),
             models,
             optimizers,
-            recipe.losses(),
+            recipe_functions(recipe, recipe.losses()),
             spec,
             context=f"{label}'s schedule",
             random=random,
             strategy=strategy,
-            forwards=recipe.forwards(),
+            forwards=recipe_functions(recipe, recipe.forwards()),
             supplied=frozenset(recipe.supplied_models),
         )
     except UserCodeError as error:

@@ -51,6 +51,19 @@ def call_user(fn: Callable, what: str, beat: str | None, *args):
         raise reported(error, f"{what} {function_name(fn)!r}", beat)  # noqa: B904
 
 
+def as_written(recipe, function: Callable) -> Callable:
+    """``function`` (a recipe's loss, forward or metric update), marked to be traced
+    without AutoGraph when the recipe says its code needs none (``autograph = False``)."""
+    if getattr(recipe, "autograph", True):
+        return function
+    return tf.autograph.experimental.do_not_convert(function)
+
+
+def recipe_functions(recipe, functions: Mapping[str, Callable]) -> dict[str, Callable]:
+    """A recipe's losses or forwards by name, each :func:`as_written`."""
+    return {name: as_written(recipe, function) for name, function in functions.items()}
+
+
 #: How AutoGraph converts a recipe's function: as ``tf.function`` would convert the
 #: functions its function calls (recursively, TensorFlow's and Keras's own code left as it
 #: is; no optional features: Python lists stay lists).

@@ -129,6 +129,7 @@ class Gan(Recipe):
     """Generative adversarial network: discriminator and generator beats (digits)."""
 
     name = "gan"
+    autograph = False  # no Python control flow on tensors: traced as written
     #: Keras callbacks see the generator and its optimizer unless told otherwise.
     primary_model = "generator"
     quality_figure = ("sample_score", "max")

@@ -171,6 +171,7 @@ class Multitask(Recipe):
     """Shared backbone, one head per task, fixed/uncertainty/DWA loss weights (digits)."""
 
     name = "multitask"
+    autograph = False  # no Python control flow on tensors: traced as written
     #: Keras callbacks see the shared backbone (every beat updates it, with "optimizer").
     primary_model = "backbone"
     quality_figure = ("val_digit_accuracy", "max")

@@ -85,6 +85,7 @@ class RiskWeighted(Recipe):
     """Classification with per-sample risk weights and clipped gradients (breast cancer)."""
 
     name = "risk_weighted"
+    autograph = False  # no Python control flow on tensors: traced as written
     primary_model = "model"
     quality_figure = ("val_auc", "max")
     Config = RiskWeightedConfig

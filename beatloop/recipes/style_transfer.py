@@ -150,6 +150,7 @@ class StyleTransfer(Recipe):
     """Style transfer: optimise an image or train a generator (Gatys et al.)."""
 
     name = "style_transfer"
+    autograph = False  # no Python control flow on tensors: traced as written
     quality_figure = ("style_loss", "min")
     Config = StyleTransferConfig
     batch_keys = {"content": 4, "style": 4}

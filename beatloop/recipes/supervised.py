@@ -69,6 +69,7 @@ class Supervised(Recipe):
     """
 
     name = "supervised"
+    autograph = False  # no Python control flow on tensors: traced as written
     primary_model = "model"
     quality_figure = ("val_accuracy", "max")
     Config = SupervisedConfig
