@@ -16,6 +16,17 @@ import attrs
 
 from beatloop.core.errors import ConfigError, did_you_mean
 
+
+def setting(default: Any, doc: str, validator=None) -> Any:
+    """A config field with its one-line ``doc`` (the docs' config tables print it)."""
+    return attrs.field(default=default, validator=validator, metadata={"doc": doc})
+
+
+def choice(default: str, choices: tuple[str, ...], doc: str) -> Any:
+    """A config field taking one of ``choices``, with its one-line ``doc``."""
+    return setting(default, doc, attrs.validators.in_(choices))
+
+
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 

@@ -19,6 +19,7 @@ from beatloop import data, images, quality
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.callbacks import Callback, Order
+from beatloop.core.config import choice, setting
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 from beatloop.core.run import Run
@@ -31,77 +32,42 @@ BOTH = ("generator", "discriminator")
 class GanConfig:
     """Settings of the GAN recipe."""
 
-    latent_dim: int = attrs.field(
-        default=16, validator=_positive, metadata={"doc": "size of the generator's noise input"}
+    latent_dim: int = setting(16, "size of the generator's noise input", _positive)
+    hidden: int = setting(128, "width of the dense layers (dense architecture)", _positive)
+    architecture: Literal["dense", "conv"] = choice(
+        "dense",
+        ("dense", "conv"),
+        "dense, or conv: DCGAN-style strided convolutions for images whose sides divide by 4",
     )
-    hidden: int = attrs.field(
-        default=128,
-        validator=_positive,
-        metadata={"doc": "width of the dense layers (dense architecture)"},
+    loss: Literal["non_saturating", "hinge"] = choice(
+        "non_saturating", ("non_saturating", "hinge"), "non_saturating, or hinge"
     )
-    architecture: Literal["dense", "conv"] = attrs.field(
-        default="dense",
-        validator=attrs.validators.in_(("dense", "conv")),
-        metadata={
-            "doc": (
-                "dense, or conv: DCGAN-style strided convolutions for images whose sides divide "
-                "by 4"
-            )
-        },
+    n_critic: int = setting(
+        1, "discriminator updates per generator update (the discriminator beat's repeat)", _positive
     )
-    loss: Literal["non_saturating", "hinge"] = attrs.field(
-        default="non_saturating",
-        validator=attrs.validators.in_(("non_saturating", "hinge")),
-        metadata={"doc": "non_saturating, or hinge"},
+    update: Literal["alternating", "simultaneous"] = choice(
+        "alternating",
+        ("alternating", "simultaneous"),
+        "alternating: the beats in turn, the generator's against the updated "
+        "discriminator with fresh noise; simultaneous: one group, both gradients from one"
+        " forward pass (needs n_critic=1)",
     )
-    n_critic: int = attrs.field(
-        default=1,
-        validator=_positive,
-        metadata={
-            "doc": "discriminator updates per generator update (the discriminator beat's repeat)"
-        },
+    label_smoothing: float = setting(
+        0.0,
+        "one-sided label smoothing: real targets become 1 - s",
+        [attrs.validators.ge(0), attrs.validators.lt(1)],
     )
-    update: Literal["alternating", "simultaneous"] = attrs.field(
-        default="alternating",
-        validator=attrs.validators.in_(("alternating", "simultaneous")),
-        metadata={
-            "doc": (
-                "alternating: the beats in turn, the generator's against the updated "
-                "discriminator with fresh noise; simultaneous: one group, both gradients from one"
-                " forward pass (needs n_critic=1)"
-            )
-        },
+    g_learning_rate: float = setting(1e-3, "the generator's Adam learning rate", _positive)
+    d_learning_rate: float = setting(1e-3, "the discriminator's Adam learning rate", _positive)
+    beta_1: float = setting(
+        0.5, "Adam's beta_1, both optimizers", [attrs.validators.ge(0), attrs.validators.lt(1)]
     )
-    label_smoothing: float = attrs.field(
-        default=0.0,
-        validator=[attrs.validators.ge(0), attrs.validators.lt(1)],
-        metadata={"doc": "one-sided label smoothing: real targets become 1 - s"},
+    batch_size: int = setting(32, "batch size of the built-in data", _positive)
+    quality_samples: int = setting(
+        500, "generated samples judged for the sample-quality figures each epoch", _positive
     )
-    g_learning_rate: float = attrs.field(
-        default=1e-3, validator=_positive, metadata={"doc": "the generator's Adam learning rate"}
-    )
-    d_learning_rate: float = attrs.field(
-        default=1e-3,
-        validator=_positive,
-        metadata={"doc": "the discriminator's Adam learning rate"},
-    )
-    beta_1: float = attrs.field(
-        default=0.5,
-        validator=[attrs.validators.ge(0), attrs.validators.lt(1)],
-        metadata={"doc": "Adam's beta_1, both optimizers"},
-    )
-    batch_size: int = attrs.field(
-        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
-    )
-    quality_samples: int = attrs.field(
-        default=500,
-        validator=_positive,
-        metadata={"doc": "generated samples judged for the sample-quality figures each epoch"},
-    )
-    grid_size: int = attrs.field(
-        default=8,
-        validator=_positive,
-        metadata={"doc": "side of the saved sample grid (grid_size x grid_size samples)"},
+    grid_size: int = setting(
+        8, "side of the saved sample grid (grid_size x grid_size samples)", _positive
     )
 
     def __attrs_post_init__(self) -> None:

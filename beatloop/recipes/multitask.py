@@ -29,6 +29,7 @@ from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Schedule
 from beatloop.core.callbacks import Callback, Order
+from beatloop.core.config import choice, setting
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
@@ -101,48 +102,26 @@ def _tasks_valid(instance, attribute, value) -> None:
 class MultitaskConfig:
     """Settings of the multi-task recipe."""
 
-    tasks: tuple[str, ...] = attrs.field(
-        default=("digit", "ink"),
-        validator=_tasks_valid,
-        metadata={
-            "doc": (
-                "the tasks: digit, ink, or KEY=classification:K / KEY=regression reading the "
-                "batch's KEY"
-            )
-        },
+    tasks: tuple[str, ...] = setting(
+        ("digit", "ink"),
+        "the tasks: digit, ink, or KEY=classification:K / KEY=regression reading the batch's KEY",
+        _tasks_valid,
     )
-    schedule: Literal["joint", "alternating"] = attrs.field(
-        default="joint",
-        validator=attrs.validators.in_(("joint", "alternating")),
-        metadata={
-            "doc": (
-                "joint: one beat, the weighted sum of the task losses; alternating: one beat per "
-                "task"
-            )
-        },
+    schedule: Literal["joint", "alternating"] = choice(
+        "joint",
+        ("joint", "alternating"),
+        "joint: one beat, the weighted sum of the task losses; alternating: one beat per task",
     )
-    weighting: Literal["fixed", "uncertainty", "dwa"] = attrs.field(
-        default="fixed",
-        validator=attrs.validators.in_(("fixed", "uncertainty", "dwa")),
-        metadata={
-            "doc": "fixed, uncertainty (Kendall et al. 2018) or dwa (Dynamic Weight Average)"
-        },
+    weighting: Literal["fixed", "uncertainty", "dwa"] = choice(
+        "fixed",
+        ("fixed", "uncertainty", "dwa"),
+        "fixed, uncertainty (Kendall et al. 2018) or dwa (Dynamic Weight Average)",
     )
-    weights: tuple[float, ...] = attrs.field(
-        default=(), metadata={"doc": "fixed weights, one per task (default: all 1)"}
-    )
-    dwa_temperature: float = attrs.field(
-        default=2.0, validator=_positive, metadata={"doc": "DWA's temperature T"}
-    )
-    hidden: int = attrs.field(
-        default=64, validator=_positive, metadata={"doc": "width of the shared backbone"}
-    )
-    learning_rate: float = attrs.field(
-        default=1e-3, validator=_positive, metadata={"doc": "Adam's learning rate"}
-    )
-    batch_size: int = attrs.field(
-        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
-    )
+    weights: tuple[float, ...] = setting((), "fixed weights, one per task (default: all 1)")
+    dwa_temperature: float = setting(2.0, "DWA's temperature T", _positive)
+    hidden: int = setting(64, "width of the shared backbone", _positive)
+    learning_rate: float = setting(1e-3, "Adam's learning rate", _positive)
+    batch_size: int = setting(32, "batch size of the built-in data", _positive)
 
     def __attrs_post_init__(self) -> None:
         if self.weights and len(self.weights) != len(self.tasks):

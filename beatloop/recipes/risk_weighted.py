@@ -17,6 +17,7 @@ import tensorflow as tf
 from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, ClipByGlobalNorm, ClipByNorm, Schedule
+from beatloop.core.config import choice, setting
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 from beatloop.metrics import KSStatistic
@@ -30,46 +31,26 @@ class RiskWeightedConfig:
     """Settings of the risk-weighted recipe. ``risk``: a function of the batch (a dict of
     tensors) giving one weight per sample; ``None`` reads the batch's ``risk`` entry."""
 
-    hidden: int = attrs.field(
-        default=32, validator=_positive, metadata={"doc": "width of the hidden Dense layer"}
+    hidden: int = setting(32, "width of the hidden Dense layer", _positive)
+    classes: int = setting(
+        2, "2: binary (sigmoid); more: multi-class (softmax)", attrs.validators.ge(2)
     )
-    classes: int = attrs.field(
-        default=2,
-        validator=attrs.validators.ge(2),
-        metadata={"doc": "2: binary (sigmoid); more: multi-class (softmax)"},
+    clip: Literal["norm", "global_norm", "none"] = choice(
+        "norm", ("norm", "global_norm", "none"), "norm (per tensor), global_norm, or none"
     )
-    clip: Literal["norm", "global_norm", "none"] = attrs.field(
-        default="norm",
-        validator=attrs.validators.in_(("norm", "global_norm", "none")),
-        metadata={"doc": "norm (per tensor), global_norm, or none"},
+    clip_norm: float = setting(1.0, "the clipping threshold", _positive)
+    optimizer: Literal["sgd", "adam"] = choice("sgd", tuple(OPTIMIZERS), "sgd or adam")
+    learning_rate: float = setting(0.05, "the optimizer's learning rate", _positive)
+    batch_size: int = setting(32, "batch size of the built-in data", _positive)
+    validation_fraction: float = setting(
+        0.25,
+        "share of the built-in data held out for validation (stratified)",
+        [attrs.validators.gt(0), attrs.validators.lt(1)],
     )
-    clip_norm: float = attrs.field(
-        default=1.0, validator=_positive, metadata={"doc": "the clipping threshold"}
-    )
-    optimizer: Literal["sgd", "adam"] = attrs.field(
-        default="sgd",
-        validator=attrs.validators.in_(tuple(OPTIMIZERS)),
-        metadata={"doc": "sgd or adam"},
-    )
-    learning_rate: float = attrs.field(
-        default=0.05, validator=_positive, metadata={"doc": "the optimizer's learning rate"}
-    )
-    batch_size: int = attrs.field(
-        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
-    )
-    validation_fraction: float = attrs.field(
-        default=0.25,
-        validator=[attrs.validators.gt(0), attrs.validators.lt(1)],
-        metadata={"doc": "share of the built-in data held out for validation (stratified)"},
-    )
-    risk: Callable[..., tf.Tensor] | None = attrs.field(
-        default=None,
-        metadata={
-            "doc": (
-                "a function of the batch (a dict of tensors) giving one weight per sample, Python"
-                " only; None reads the batch's risk key"
-            )
-        },
+    risk: Callable[..., tf.Tensor] | None = setting(
+        None,
+        "a function of the batch (a dict of tensors) giving one weight per sample, Python"
+        " only; None reads the batch's risk key",
     )
 
 

@@ -32,6 +32,7 @@ from beatloop import data, images
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, ClipValues, Schedule
 from beatloop.core.callbacks import Callback, Order
+from beatloop.core.config import choice, setting
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
@@ -47,70 +48,45 @@ _non_negative = attrs.validators.ge(0)
 class StyleTransferConfig:
     """Settings of the style transfer recipe."""
 
-    mode: Literal["image", "generator"] = attrs.field(
-        default="image",
-        validator=attrs.validators.in_(("image", "generator")),
-        metadata={
-            "doc": (
-                "image: the picture itself is trained; generator: a small network maps the "
-                "content image (or noise) to it"
-            )
-        },
+    mode: Literal["image", "generator"] = choice(
+        "image",
+        ("image", "generator"),
+        "image: the picture itself is trained; generator: a small network maps the "
+        "content image (or noise) to it",
     )
-    image_size: int = attrs.field(
-        default=64,
-        validator=attrs.validators.ge(16),
-        metadata={"doc": "side the content and style images are resized to"},
+    image_size: int = setting(
+        64, "side the content and style images are resized to", attrs.validators.ge(16)
     )
-    content_path: str | None = attrs.field(
-        default=None, metadata={"doc": "your own content image (default: scikit-learn's china)"}
+    content_path: str | None = setting(
+        None, "your own content image (default: scikit-learn's china)"
     )
-    style_path: str | None = attrs.field(
-        default=None, metadata={"doc": "your own style image (default: scikit-learn's flower)"}
+    style_path: str | None = setting(None, "your own style image (default: scikit-learn's flower)")
+    init: Literal["content", "noise"] = choice(
+        "content", ("content", "noise"), "image mode: start from the content image, or from noise"
     )
-    init: Literal["content", "noise"] = attrs.field(
-        default="content",
-        validator=attrs.validators.in_(("content", "noise")),
-        metadata={"doc": "image mode: start from the content image, or from noise"},
+    generator_input: Literal["content", "noise"] = choice(
+        "content",
+        ("content", "noise"),
+        "generator mode: the network's input, the content image or fixed noise",
     )
-    generator_input: Literal["content", "noise"] = attrs.field(
-        default="content",
-        validator=attrs.validators.in_(("content", "noise")),
-        metadata={"doc": "generator mode: the network's input, the content image or fixed noise"},
+    alpha: float = setting(1.0, "weight of the content loss", _non_negative)
+    beta: float = setting(1e4, "weight of the style loss", _non_negative)
+    tv_weight: float = setting(0.1, "weight of the total-variation loss", _non_negative)
+    content_layer: str = setting("block3_conv2", "the feature layer the content loss compares")
+    style_layers: tuple[str, ...] = setting(
+        ("block1_conv1", "block2_conv1", "block3_conv1"),
+        "the feature layers whose Gram matrices the style loss compares",
     )
-    alpha: float = attrs.field(
-        default=1.0, validator=_non_negative, metadata={"doc": "weight of the content loss"}
+    preprocess: Literal["none", "vgg"] = choice(
+        "none",
+        ("none", "vgg"),
+        "none, or vgg: Keras's VGG preprocessing before the feature network",
     )
-    beta: float = attrs.field(
-        default=1e4, validator=_non_negative, metadata={"doc": "weight of the style loss"}
+    learning_rate: float = setting(0.02, "Adam's learning rate", _positive)
+    steps_per_epoch: int = setting(
+        50, "steps in one epoch (one image, so an epoch is a count of steps)", _positive
     )
-    tv_weight: float = attrs.field(
-        default=0.1, validator=_non_negative, metadata={"doc": "weight of the total-variation loss"}
-    )
-    content_layer: str = attrs.field(
-        default="block3_conv2", metadata={"doc": "the feature layer the content loss compares"}
-    )
-    style_layers: tuple[str, ...] = attrs.field(
-        default=("block1_conv1", "block2_conv1", "block3_conv1"),
-        metadata={"doc": "the feature layers whose Gram matrices the style loss compares"},
-    )
-    preprocess: Literal["none", "vgg"] = attrs.field(
-        default="none",
-        validator=attrs.validators.in_(("none", "vgg")),
-        metadata={"doc": "none, or vgg: Keras's VGG preprocessing before the feature network"},
-    )
-    learning_rate: float = attrs.field(
-        default=0.02, validator=_positive, metadata={"doc": "Adam's learning rate"}
-    )
-    steps_per_epoch: int = attrs.field(
-        default=50,
-        validator=_positive,
-        metadata={"doc": "steps in one epoch (one image, so an epoch is a count of steps)"},
-    )
-    feature_seed: int = attrs.field(
-        default=0,
-        metadata={"doc": "seed of the random-feature network built when none is supplied"},
-    )
+    feature_seed: int = setting(0, "seed of the random-feature network built when none is supplied")
 
 
 def gram_matrix(features: tf.Tensor) -> tf.Tensor:

@@ -13,6 +13,7 @@ import tensorflow as tf
 from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Schedule
+from beatloop.core.config import choice, setting
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 
@@ -30,34 +31,24 @@ _positive = attrs.validators.gt(0)
 class SupervisedConfig:
     """Settings of the supervised recipe."""
 
-    hidden: int = attrs.field(
-        default=64, validator=_positive, metadata={"doc": "width of the hidden Dense layer (relu)"}
+    hidden: int = setting(64, "width of the hidden Dense layer (relu)", _positive)
+    dropout: float = setting(
+        0.0,
+        "dropout rate after the hidden layer (0: none)",
+        [attrs.validators.ge(0), attrs.validators.lt(1)],
     )
-    dropout: float = attrs.field(
-        default=0.0,
-        validator=[attrs.validators.ge(0), attrs.validators.lt(1)],
-        metadata={"doc": "dropout rate after the hidden layer (0: none)"},
+    classes: int = setting(
+        10, "number of classes (logits out); labels must lie in [0, classes)", _positive
     )
-    classes: int = attrs.field(
-        default=10,
-        validator=_positive,
-        metadata={"doc": "number of classes (logits out); labels must lie in [0, classes)"},
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = choice(
+        "adam", tuple(OPTIMIZERS), "adam, adamw, sgd or rmsprop"
     )
-    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = attrs.field(
-        default="adam",
-        validator=attrs.validators.in_(tuple(OPTIMIZERS)),
-        metadata={"doc": "adam, adamw, sgd or rmsprop"},
-    )
-    learning_rate: float = attrs.field(
-        default=1e-3, validator=_positive, metadata={"doc": "the optimizer's learning rate"}
-    )
-    batch_size: int = attrs.field(
-        default=32, validator=_positive, metadata={"doc": "batch size of the built-in data"}
-    )
-    validation_fraction: float = attrs.field(
-        default=0.2,
-        validator=[attrs.validators.gt(0), attrs.validators.lt(1)],
-        metadata={"doc": "share of the built-in data held out for validation"},
+    learning_rate: float = setting(1e-3, "the optimizer's learning rate", _positive)
+    batch_size: int = setting(32, "batch size of the built-in data", _positive)
+    validation_fraction: float = setting(
+        0.2,
+        "share of the built-in data held out for validation",
+        [attrs.validators.gt(0), attrs.validators.lt(1)],
     )
 
 
