@@ -375,6 +375,6 @@ def _result(engine: Engine, history: History) -> FitResult:
         artifacts=dict(engine.run.artifacts),
         resumed_from=engine.run.resumed_from,
         checkpoint=engine.recovery.latest,
-        steps_per_execution=engine.run.chosen_steps_per_execution or engine.pace.steps,
+        steps_per_execution=engine.pace.steps,
         engine=engine,
     )

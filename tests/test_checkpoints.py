@@ -199,10 +199,11 @@ def test_callback_state_survives_the_checkpoint_round_trip():
 
     from beatloop import EarlyStopping
     from beatloop.core.callbacks import Run
+    from beatloop.core.pacing import FixedPace
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     bound = type("Bound", (), {"models": {"model": model}})()  # all Run.models reads
-    run = Run(None, bound, None, None, 1, 1, None, 0)
+    run = Run(None, bound, None, None, 1, FixedPace(1), None, 0)
     stopping = EarlyStopping(monitor="val_loss", patience=2)
     stopping.on_epoch_end(run, 0, {"val_loss": 0.5})
     best = model_weights(model)

@@ -94,11 +94,10 @@ class Engine:
             counters=parts.counters,
             run_dir=run_dir,
             epochs=0,
-            steps_per_execution=self.pace.steps,
+            pace=self.pace,
             steps_per_epoch=steps_per_epoch,
             seed=seed,
             checkpoints=self.recovery.saved,
-            chosen_steps_per_execution=self.pace.chosen,
         )
         self._fitting = False
         self.evaluation = Evaluation(
@@ -197,7 +196,7 @@ class Engine:
         target, done = run.steps_per_epoch, int(counters.epoch_batches)
         while target is None or done < target:
             self.recovery.stop_if_interrupted()
-            run.steps_per_execution = limit = self.pace.steps
+            limit = self.pace.steps
             if target is not None:
                 limit = min(limit, target - done)
             if self.pace.auto:  # checkpoints at exact multiples, whatever K is being tried
@@ -222,7 +221,6 @@ class Engine:
             elif target is None or done < target:
                 self.recovery.save_if_due()
             self.pace.observe(result.ran, limit, time.perf_counter() - started)
-            run.chosen_steps_per_execution = self.pace.chosen
             if result.ran < limit:
                 break
         return done

@@ -26,8 +26,8 @@ class Run:
     counters: Counters
     run_dir: Path | None
     epochs: int
-    #: Steps per compiled call now (under ``"auto"``, the K being tried or chosen).
-    steps_per_execution: int
+    #: How many steps each compiled call runs (:mod:`beatloop.core.pacing`).
+    pace: Any
     steps_per_epoch: int | None
     seed: int
     stop_training: bool = False
@@ -36,9 +36,17 @@ class Run:
     resumed_from: str | None = None
     #: Paths of the checkpoints written so far by this process, oldest first.
     checkpoints: list[str] = attrs.field(factory=list)
-    #: The steps per call the run settled on (the fixed K at once; under ``"auto"``
-    #: ``None`` until it has chosen).
-    chosen_steps_per_execution: int | None = None
+
+    @property
+    def steps_per_execution(self) -> int:
+        """Steps per compiled call now (under ``"auto"``, the K being tried or chosen)."""
+        return self.pace.steps
+
+    @property
+    def chosen_steps_per_execution(self) -> int | None:
+        """The steps per call the run settled on (the fixed K at once; under ``"auto"``
+        ``None`` until it has chosen)."""
+        return self.pace.chosen
 
     @property
     def models(self):

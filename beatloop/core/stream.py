@@ -87,7 +87,7 @@ class DataStream:
         self._open = False  # a pass is open
         self._taken = 0  # batches taken from the open pass
         self._releaser = IteratorReleaser()
-        self._called: set[tuple[CompiledLoop, bool]] = set()
+        self._called: set[CompiledLoop] = set()
 
     @property
     def has_validation(self) -> bool:
@@ -153,12 +153,11 @@ class DataStream:
                 )
 
     def _call(self, loop: CompiledLoop, iterator, limit: int) -> CallResult:
-        """``loop(iterator, limit)``; its first one-step and first K-step calls (where
-        Grappler optimises the graph) with Grappler's give-up lines kept off stderr."""
-        kind = (loop, limit == 1)
-        if kind in self._called:
+        """``loop(iterator, limit)``; its first call (where Grappler optimises the one
+        graph a loop runs) with Grappler's give-up lines kept off stderr."""
+        if loop in self._called:
             return loop(iterator, limit)
-        self._called.add(kind)
+        self._called.add(loop)
         with grappler_lines.hidden():
             return loop(iterator, limit)
 
