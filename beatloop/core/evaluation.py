@@ -59,11 +59,12 @@ class Evaluation:
             self.stream.wait()
         return self.parts.validation_metrics.results()
 
-    def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
+    def evaluate(self, data=None, *, steps_per_execution: int) -> dict[str, float]:
         """Every beat's loss and the metrics, models in inference mode, over ``data`` (a
         batched ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, checked like
         validation data; ``None``: the run's validation data), ``steps_per_execution``
-        steps per call (``None``: the run's); by name without the ``val_`` prefix."""
+        steps per call (the engine resolves ``"auto"``); by name without the ``val_``
+        prefix."""
         limit = self._steps(steps_per_execution)
         label = self.parts.label
         if data is None:
@@ -85,9 +86,8 @@ class Evaluation:
         prefix = self.parts.validation_metrics.prefix
         return {name.removeprefix(prefix): value for name, value in logs.items()}
 
-    def _steps(self, steps_per_execution: int | None) -> int:
-        if steps_per_execution is None:
-            return self.options.largest_steps_per_execution
+    def _steps(self, steps_per_execution: int) -> int:
+        """``steps_per_execution``, checked as the engine's option is."""
         try:
             attrs.evolve(self.options, steps_per_execution=steps_per_execution)
         except (TypeError, ValueError) as error:
