@@ -3,7 +3,7 @@
 
 TensorFlow is imported only after the log level is set, with its start-up lines filtered
 out (``--verbose`` shows them). Every failure ends in one ``beatloop: error: ...`` line
-and a documented exit code (:data:`~beatloop.core.errors.EXIT_CODES`).
+and a documented exit code (``EXIT_CODES``).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def compare(
     """Run every entry ``repeats`` times (medians reported), write ``out/compare.json``
     and ``out/loss_curves.png``, and return one row of figures per entry. ``data`` (a
     ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
-    :func:`beatloop.sources.load_data`) replaces every recipe's built-in data."""
+    ``beatloop.sources.load_data``) replaces every recipe's built-in data."""
     from beatloop.core.errors import BeatloopError
 
     out.mkdir(parents=True, exist_ok=True)

@@ -178,7 +178,7 @@ def evaluate(
     beat's loss and every metric, models in inference mode, over ``data`` (a batched
     ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, like the validation data ``fit``
     takes; ``None``: the recipe's built-in validation data), by name without the
-    ``val_`` prefix. The run is rebuilt as :func:`restore` rebuilds it; with ``data``
+    ``val_`` prefix. The run is rebuilt as ``restore`` rebuilds it; with ``data``
     it is rebuilt on that data when its batches are the ones the run trained on (so a
     run on other data, or of a recipe with no built-in data, evaluates on data like its
     training data). Nothing is trained and nothing is written."""

@@ -71,7 +71,7 @@ class Listing:
 
     @classmethod
     def of(cls, registry) -> Listing:
-        """The listing of a filled :class:`~beatloop.plugins.registry.Registry`."""
+        """The listing of a filled ``Registry``."""
 
         def listed(table, description=False):
             return tuple(

@@ -1,10 +1,10 @@
 """Data sources: data named on the command line (``--data folder:PATH``) made into a
-:class:`~beatloop.core.batches.DataSplit` of dict batches.
+``DataSplit`` of dict batches.
 
 A source kind is a registered class (built-ins: ``folder``, ``csv``, ``npz``; plugins add
 more through the ``register_data_sources`` hook) with a ``name``, an attrs ``Config`` of
 its parameters (set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)``
-method. :func:`load_data` is what the ``run``, ``evaluate`` and ``compare`` commands call.
+method. ``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class DataSource(abc.ABC):
 
     Subclasses set ``name`` (an identifier: the ``KIND`` of ``--data KIND:PATH``) and
     ``Config`` (an attrs frozen class of parameters with defaults, usually a subclass of
-    :class:`SourceConfig`), and implement :meth:`load`. The first line of the class
+    ``SourceConfig``), and implement ``load``. The first line of the class
     docstring is what ``beatloop data`` shows.
     """
 
@@ -323,7 +323,7 @@ def split_arrays(
     """Arrays (one example per row) as a DataSplit: ``config.validation_fraction`` of the
     examples, drawn by ``seed``, held out for validation; training batches reshuffled
     every epoch by ``seed`` when ``config.shuffle`` (the built-in pipeline,
-    :func:`beatloop.data.batches`)."""
+    ``beatloop.data.batches``)."""
     from beatloop import data
 
     counts = {name: len(value) for name, value in arrays.items() if np.ndim(value) > 0}
@@ -377,7 +377,7 @@ def make_source(
 ) -> DataSource:
     """The source ``text`` names (``KIND:PATH``), its parameters from ``settings``
     (``["image_size=28,28"]`` or ``{"image_size": (28, 28)}``) over the ``recipe``'s
-    :attr:`~beatloop.Recipe.source_defaults` over the source's own defaults."""
+    ``source_defaults`` over the source's own defaults."""
     from beatloop.plugins.registry import registry
 
     kind, path = parse_source(text)
@@ -414,12 +414,12 @@ def load_data(
     validation: str | None = None,
 ) -> DataSplit:
     """The data ``--data SOURCE --data-set ...`` names, for ``recipe`` (a configured
-    :class:`~beatloop.Recipe`), split and shuffled by ``seed``.
+    ``Recipe``), split and shuffled by ``seed``.
 
     ``validation`` (``--validation-data``) names a second source, read with the same
     settings, used whole and unshuffled as the validation data (the first source's
     ``validation_fraction`` must then be 0). Batches lacking keys the recipe's
-    ``batch_keys`` needs are refused with a :class:`DataError` naming both."""
+    ``batch_keys`` needs are refused with a ``DataError`` naming both."""
     train_source = make_source(source, settings, recipe)
     size = batch_size_for(train_source, recipe)
     split = train_source.load(seed, size)

@@ -7,10 +7,10 @@ plain function or class, usable from a test, a fixture or a worker process alike
 
 Weights come in two shapes, and every comparison below takes either:
 
-- a list of arrays, one model's (:func:`model_weights`);
+- a list of arrays, one model's (``model_weights``);
 - a dict ``{"model/index": array}`` over several models, sorted by model name
-  (:func:`all_weights`): the same keys as the ``.npz`` files the workers write and
-  :func:`load_npz` reads back, so a run in another process compares key by key.
+  (``all_weights``): the same keys as the ``.npz`` files the workers write and
+  ``load_npz`` reads back, so a run in another process compares key by key.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def python_env(**changes: str | None) -> dict[str, str]:
 
 
 def start_python(*args: str, python=sys.executable, **env: str | None) -> subprocess.Popen:
-    """Start ``python ARGS`` in the environment :func:`python_env` gives for ``env``,
+    """Start ``python ARGS`` in the environment ``python_env`` gives for ``env``,
     its stdout and stderr read back as text; the caller waits for it."""
     command = [str(python), *map(str, args)]
     return subprocess.Popen(
@@ -146,7 +146,7 @@ def start_python(*args: str, python=sys.executable, **env: str | None) -> subpro
 
 
 def run_python(*args: str, python=sys.executable, timeout: float = 300, **env: str | None) -> str:
-    """Run ``python ARGS`` to its end as :func:`start_python` starts it (killed after
+    """Run ``python ARGS`` to its end as ``start_python`` starts it (killed after
     ``timeout`` seconds) and return its stdout; a non-zero exit fails the test with the
     end of its stderr."""
     done = subprocess.run(
@@ -237,7 +237,7 @@ class TwoModels(beatloop.Recipe):
     ``b`` reads ``inputs[1]``. Beat ``fit_a`` (optimizer ``opt_a``, SGD at
     ``learning_rate``) fits ``a`` to ``y`` by squared error, beat ``fit_b`` fits ``b``.
     The schedule is ``schedule``, or the two beats once each per step; build one with
-    :meth:`beat`. ``modes`` records ``(model, a training?, b training?)`` each time a
+    ``beat``. ``modes`` records ``(model, a training?, b training?)`` each time a
     loss runs (when traced, or every step in debug mode).
     """
 

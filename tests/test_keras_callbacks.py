@@ -50,7 +50,7 @@ def keras_reference(small_digits, callbacks, epochs, steps_per_execution=1):
 
 
 def supervised(small_digits, callbacks, epochs, model=None, **options):
-    """The same training as :func:`keras_reference`, as a beatloop supervised run."""
+    """The same training as ``keras_reference``, as a beatloop supervised run."""
     train, validation = small_digits
     return beatloop.fit(
         "supervised",

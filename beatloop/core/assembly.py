@@ -1,6 +1,6 @@
 """Assembling a run's parts: models under the precision policy and the strategy's scope,
 optimizers, the bound schedule, metrics, the compiled loops, the recipe's callbacks and
-the run record, from a recipe and its data (:func:`assemble`)."""
+the run record, from a recipe and its data (``assemble``)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class RunParts:
     #: The divergence guard (``divergence=``), or ``None`` when it is off.
     divergence: DivergenceGuard | None = None
     #: What validation draws noise from: its own generator, reset to the run's seed at
-    #: the start of every validation pass (:mod:`beatloop.core.evaluation`), so the same
+    #: the start of every validation pass (``beatloop.core.evaluation``), so the same
     #: weights on the same data give the same figures, and validating draws nothing
     #: from the run's generator (training is the same with or without it).
     validation_random: tf.random.Generator | None = None

@@ -1,10 +1,10 @@
 """Beats and schedules: what one training step does, as printable, comparable data.
 
-A :class:`Beat` is one gradient update (a loss, the optimizer that applies it, the
-variables it updates); a :class:`Group` is beats whose gradients all come from one
-forward computation and one state; a :class:`Schedule` is the ordered beats and groups
+A ``Beat`` is one gradient update (a loss, the optimizer that applies it, the
+variables it updates); a ``Group`` is beats whose gradients all come from one
+forward computation and one state; a ``Schedule`` is the ordered beats and groups
 of one step plus the variables declared frozen or shared. None holds a TensorFlow
-object: binding them to built models is :mod:`beatloop.core.binding`'s job.
+object: binding them to built models is ``beatloop.core.binding``'s job.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ class Group:
     ``forward`` names a function of the recipe's ``forwards()``: it takes
     ``(models, batch)`` and returns the outputs (a dict) that each beat's loss then takes
     as ``(outputs, batch)``. ``training``, ``repeat`` and ``every`` work as on a
-    :class:`Beat`, for the whole group: ``training=None`` runs the models any of its
+    ``Beat``, for the whole group: ``training=None`` runs the models any of its
     beats update in training mode; ``repeat`` runs forward, gradients and updates again.
     """
 

@@ -1,9 +1,9 @@
 """Binding a schedule to built models, optimizers and losses, checking DESIGN's rules.
 
-:func:`bind` resolves every beat's selectors to variables, builds each optimizer for
+``bind`` resolves every beat's selectors to variables, builds each optimizer for
 exactly the variables its beats update, and traces every beat's loss once (without
 running it) to find variables that would get no gradient. All problems are collected and
-raised together as one :class:`ScheduleError`.
+raised together as one ``ScheduleError``.
 """
 
 from __future__ import annotations

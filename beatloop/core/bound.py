@@ -1,10 +1,10 @@
 """What a schedule becomes once bound to a run's models, optimizers and losses.
 
-A :class:`BoundBeat` is a beat with its names resolved; a :class:`BoundGroup` is one
+A ``BoundBeat`` is a beat with its names resolved; a ``BoundGroup`` is one
 entry of the step — a lone beat, or a group of beats sharing one forward — and knows
-how to compute its beats' losses and gradients; a :class:`BoundSchedule` holds them all.
+how to compute its beats' losses and gradients; a ``BoundSchedule`` holds them all.
 The step, validation and the binding's gradient probe all go through
-:meth:`BoundGroup.losses`, so they can never disagree about what a beat's loss is.
+``BoundGroup.losses``, so they can never disagree about what a beat's loss is.
 """
 
 from __future__ import annotations

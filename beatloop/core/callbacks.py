@@ -1,6 +1,6 @@
 """Callbacks: objects that react to the engine's events, between compiled calls.
 
-A callback overrides ``on_<event>`` methods for the events in :data:`EVENTS`. A method
+A callback overrides ``on_<event>`` methods for the events in ``EVENTS``. A method
 named ``on_...`` that matches no event is refused when the class is defined, so a typo
 fails loudly instead of never being called.
 
@@ -13,10 +13,10 @@ An event method can be *filtered* (as Ignite's ``Events.X(every=N)``): decorated
 ``@when(every=N)`` it runs on every N-th epoch (epoch and validation events) or at the
 first execution end at or past every N-th step (``on_execution_end``); ``@when(once=N)``
 runs it once, at epoch N or at the first execution end at or past step N. An instance
-may set its own ``filters`` mapping (event name -> :class:`EventFilter`).
+may set its own ``filters`` mapping (event name -> ``EventFilter``).
 
 An exception a callback's event method raises reaches the user as a
-:class:`~beatloop.core.errors.UserCodeError` naming the callback, the event and the
+``UserCodeError`` naming the callback, the event and the
 callback's own line, the original chained as its ``__cause__``. beatloop's own errors
 (raised on purpose, from any callback), ``KeyboardInterrupt`` (``RunInterrupted``) and
 ``SystemExit`` pass unchanged, as does an error in one of beatloop's own callbacks
@@ -138,7 +138,7 @@ class Callback:
 
     #: Name under which ``beatloop run --callback NAME`` finds this callback, if any.
     callback_name: str = ""
-    #: Where this callback runs among others at an event (see :class:`Order`).
+    #: Where this callback runs among others at an event (see ``Order``).
     order: int = Order.DEFAULT
     #: Event name -> filter, from ``@when`` on this class's methods (and its bases').
     filters: ClassVar[Mapping[str, EventFilter]] = {}
@@ -193,11 +193,11 @@ class Callback:
 
     def checkpoint_state(self) -> dict | None:
         """JSON-able state this callback needs to resume with, saved in every checkpoint
-        (``None``: nothing to save). Override with :meth:`restore_state`."""
+        (``None``: nothing to save). Override with ``restore_state``."""
         return None
 
     def restore_state(self, state: dict) -> None:
-        """Take back what :meth:`checkpoint_state` returned, when a run resumes."""
+        """Take back what ``checkpoint_state`` returned, when a run resumes."""
 
 
 @attrs.frozen
@@ -237,7 +237,7 @@ class CallbackList:
 
     def fire(self, event: str, *args) -> None:
         """Call every listener of ``event``, in order; an exception from one is raised
-        as :func:`reported` makes it."""
+        as ``reported`` makes it."""
         for callback, listener in self._listeners[event]:
             try:
                 listener(*args)

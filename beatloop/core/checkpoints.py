@@ -5,7 +5,7 @@ dropout seed states ``tf.train.Checkpoint`` would not find through the model), e
 optimizer, the run's counters (step, epoch, data position), the run's random
 generator, the training metrics (each beat's last loss value apart), with the divergence
 guard on its window of recent losses, and two JSON strings: the Python-side state of the
-callbacks and the run's record (:class:`~beatloop.core.record.RunRecord`) that a resume
+callbacks and the run's record (``RunRecord``) that a resume
 is checked against. TensorFlow writes the files first and the index
 (``checkpoint``) last with an atomic rename, so "latest" never names a half-written
 checkpoint.

@@ -38,7 +38,7 @@ def config_fields(config_cls: type) -> tuple[attrs.Attribute, ...]:
 
 
 def make_config(config_cls: type, overrides: Mapping[str, Any] | None, owner: str) -> Any:
-    """Return ``config_cls(**overrides)``, or a :class:`ConfigError` naming each bad field."""
+    """Return ``config_cls(**overrides)``, or a ``ConfigError`` naming each bad field."""
     overrides = dict(overrides or {})
     fields = {f.name: f for f in config_fields(config_cls)}
     problems = []

@@ -2,7 +2,7 @@
 
 The engine, not the optimizers, owns the step count: ``optimizer.iterations`` counts
 applies, which differ from steps as soon as a beat repeats. Every change to a counter
-goes through a method of :class:`Counters`, so there is one place that says how they move.
+goes through a method of ``Counters``, so there is one place that says how they move.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Counters:
 
     def move_data_to(self, position: dict[str, int]) -> None:
         """Put the data position (passes, pass and epoch batches) back where ``position``
-        (from :meth:`position`) says, keeping the other counters."""
+        (from ``position``) says, keeping the other counters."""
         for name in ("passes", "pass_batches", "epoch_batches"):
             getattr(self, name).assign(position[name])
 

@@ -1,10 +1,10 @@
 """The engine: epochs of compiled calls, and the events around them.
 
 Shaped like Orbit's ``Controller``: a short loop over parts handed to it. What a run is
-made of comes from :func:`~beatloop.core.assembly.assemble`; the data from a
-:class:`~beatloop.core.stream.DataStream`; checkpoints, rollback and Ctrl-C from
-:class:`~beatloop.core.recovery.Recovery`. The engine runs epochs of compiled calls of up
-to K steps (:class:`~beatloop.core.loop.CompiledLoop`) and fires the events, eagerly,
+made of comes from ``assemble``; the data from a
+``DataStream``; checkpoints, rollback and Ctrl-C from
+``Recovery``. The engine runs epochs of compiled calls of up
+to K steps (``CompiledLoop``) and fires the events, eagerly,
 between them.
 """
 
@@ -43,7 +43,7 @@ class Engine:
     ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
     ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
     ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there.
-    ``callbacks`` may hold Keras callbacks (see :mod:`beatloop.core.keras_callbacks`).
+    ``callbacks`` may hold Keras callbacks (see ``beatloop.core.keras_callbacks``).
     """
 
     def __init__(
@@ -239,9 +239,9 @@ class Engine:
     def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
         """The validation figures, without their ``val_`` prefix, for the models as they
         are, over ``data`` (``None``: the validation data); see
-        :meth:`~beatloop.core.evaluation.Evaluation.evaluate`. Fires no event. Under
+        ``evaluate``. Fires no event. Under
         ``steps_per_execution="auto"`` it runs the K training chose, or
-        :data:`~beatloop.core.pacing.EVALUATION_STEPS` before one is chosen."""
+        ``EVALUATION_STEPS`` before one is chosen."""
         if steps_per_execution in (None, AUTO):
             steps_per_execution = self.pace.steps if self.pace.settled else EVALUATION_STEPS
         return self.evaluation.evaluate(data, steps_per_execution=steps_per_execution)

@@ -126,8 +126,8 @@ class InputMismatchError(DataError):
 
 
 class MismatchFound(Exception):
-    """Carries an :class:`InputMismatchError` from a model call out through the recipe's
-    code to :func:`~beatloop.core.user_code.call_user`, which adds the recipe's line.
+    """Carries an ``InputMismatchError`` from a model call out through the recipe's
+    code to ``call_user``, which adds the recipe's line.
 
     Not a BeatloopError on purpose: autograph records the recipe's (converted) frames
     only on exceptions that do not pass through it."""

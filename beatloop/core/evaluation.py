@@ -2,7 +2,7 @@
 models as they are on any data set, through the same compiled validation loop.
 
 A pass draws its noise from validation's own generator
-(:attr:`~beatloop.core.assembly.RunParts.validation_random`), reset to the run's seed
+(``validation_random``), reset to the run's seed
 first: the same weights on the same data give the same figures, and validating moves
 nothing training uses.
 """

@@ -34,7 +34,7 @@ class ModelCalls(Mapping[str, Callable]):
     A call is checked against the model's declared inputs (a functional or Sequential
     model built on ``keras.Input``) before Keras runs it: an input of another rank,
     another size in a known non-batch dimension, or strings for numbers (or the
-    reverse) is an :class:`~beatloop.core.errors.InputMismatchError` naming the model,
+    reverse) is an ``InputMismatchError`` naming the model,
     the input, both shapes and, when the tensor is one of ``batch``'s entries, its key.
     For a model that declares no inputs, a shape error Keras raises inside it is
     reported the same way. The checks run in Python when a step is traced: a compiled
@@ -95,7 +95,7 @@ def _call_in_float32(
     """Call ``model`` in the beat's ``mode`` unless the call says ``training=`` itself;
     half-precision outputs (a mixed-precision model's) come back as float32, so losses
     are computed and reduced in float32. The inputs are checked first (see
-    :class:`ModelCalls`); ``name`` is the model's, ``batch`` the loss's batch."""
+    ``ModelCalls``); ``name`` is the model's, ``batch`` the loss's batch."""
     kwargs.setdefault("training", mode)
     given = args[0] if args else kwargs.get("inputs")
     declared = declared_inputs(model)
@@ -142,7 +142,7 @@ def declared_inputs(model: keras.Layer) -> list | None:
 
 
 def check_inputs(name: str, declared: list, given, batch=None) -> None:
-    """Raise (as :class:`MismatchFound`) the first of ``given``'s tensors that does not
+    """Raise (as ``MismatchFound``) the first of ``given``'s tensors that does not
     fit the model's ``declared`` input, under Keras's own rules: the batch size is free,
     and a last dimension of 1 may be added or dropped. A structure that cannot be
     matched with the declared inputs is left to Keras."""
@@ -281,7 +281,7 @@ def loss_of_outputs(
     batch: Mapping[str, tf.Tensor],
 ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """A grouped beat's loss from its group's forward outputs, regularised like
-    :func:`forward`."""
+    ``forward``."""
     result = call_user(loss_fn, "loss", beat_name, outputs, batch)
     return regularised_loss(result, beat_name, regularised)
 

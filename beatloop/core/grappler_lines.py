@@ -5,8 +5,8 @@ When one of its passes cannot rewrite a graph it prints an ``E0000 ...
 meta_optimizer.cc:NNN] remapper failed: ...`` line from C++ straight to file descriptor
 2 (no log level hides it) and runs the graph without that pass, correctly
 (``benchmarks/remapper.py`` measures what the remapper's rewrite is worth). The data
-stream wraps the first call of each compiled loop in :func:`hidden`, which drops those
-lines only and passes every other line through as it comes (:func:`dropping`, which
+stream wraps the first call of each compiled loop in ``hidden``, which drops those
+lines only and passes every other line through as it comes (``dropping``, which
 also keeps TensorFlow's start-up lines out while the command line imports it).
 """
 
@@ -27,7 +27,7 @@ _shown = contextvars.ContextVar("beatloop_grappler_lines_shown", default=False)
 
 @contextlib.contextmanager
 def shown():
-    """While it lasts, :func:`hidden` hides nothing (the CLI's ``--verbose``)."""
+    """While it lasts, ``hidden`` hides nothing (the CLI's ``--verbose``)."""
     token = _shown.set(True)
     try:
         yield
@@ -37,7 +37,7 @@ def shown():
 
 @contextlib.contextmanager
 def hidden():
-    """While it lasts, lines written to file descriptor 2 that match :data:`GIVE_UP` are
+    """While it lasts, lines written to file descriptor 2 that match ``GIVE_UP`` are
     dropped; the others are written on as soon as they end."""
     if _shown.get():
         yield

@@ -1,15 +1,15 @@
 """Keras callbacks in a beatloop run, working as they do in ``model.fit``.
 
-A ``keras.callbacks.Callback`` in ``callbacks=`` is wrapped in a :class:`KerasCallback`:
+A ``keras.callbacks.Callback`` in ``callbacks=`` is wrapped in a ``KerasCallback``:
 a beatloop callback that calls the Keras one's methods at the events ``fit`` would call
 them at. The Keras callback sees one model and one optimizer: by default the recipe's
-primary model (:func:`primary_model`) and the optimizer of the beat that updates it;
-:func:`keras_callback` names others.
+primary model (``primary_model``) and the optimizer of the beat that updates it;
+``keras_callback`` names others.
 
-As ``self.model`` the Keras callback gets a :class:`ModelView`, never the model itself:
+As ``self.model`` the Keras callback gets a ``ModelView``, never the model itself:
 it delegates everything to the real model but ``optimizer`` (the chosen beatloop
 optimizer, so ``self.model.optimizer.learning_rate`` reads and assigns that optimizer's
-learning rate) and ``stop_training`` (the run's :attr:`Run.stop_training`). Nothing is
+learning rate) and ``stop_training`` (the run's ``Run.stop_training``). Nothing is
 set on the user's model, whose checkpoint layout would change if it tracked an
 optimizer.
 
@@ -34,7 +34,7 @@ The events, as Keras 3's ``fit`` fires them:
 Setting ``self.model.stop_training = True`` ends the run after the current epoch (``fit``
 ends the epoch's training at that batch; beatloop finishes the epoch). A Keras
 callback's state is not in beatloop's checkpoints: on a resumed run the Keras callbacks
-start afresh (a :class:`~beatloop.core.errors.ResumeWarning` says so).
+start afresh (a ``ResumeWarning`` says so).
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ def keras_callback(
 
 
 def adapt_callbacks(callbacks: Iterable, recipe, bound: BoundSchedule, auto: bool = False) -> list:
-    """``callbacks`` with each Keras callback wrapped in a :class:`KerasCallback`, and
-    every :class:`KerasCallback` bound to the run's model and optimizer. Under
+    """``callbacks`` with each Keras callback wrapped in a ``KerasCallback``, and
+    every ``KerasCallback`` bound to the run's model and optimizer. Under
     ``steps_per_execution="auto"`` (``auto``) one with batch hooks asks for one step per
     call, so they fire per batch as in Keras's ``fit`` by default."""
     adapted = []
@@ -225,7 +225,7 @@ def adapt_callbacks(callbacks: Iterable, recipe, bound: BoundSchedule, auto: boo
 
 
 def warn_if_resumed(callbacks: Sequence, run: Run) -> None:
-    """One :class:`ResumeWarning` when a run with Keras callbacks resumed: their state
+    """One ``ResumeWarning`` when a run with Keras callbacks resumed: their state
     was not saved, so they start afresh."""
     named = [type(c.callback).__name__ for c in callbacks if isinstance(c, KerasCallback)]
     if named and run.resumed_from is not None:

@@ -4,7 +4,7 @@
 The end of the data is a count, not an exception crossing the compiled boundary: a call
 says how many steps it ran and whether the last one faulted (a non-finite check, or with
 a divergence guard a diverged loss), in one integer the host reads once
-(:class:`CallResult`).
+(``CallResult``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ Step = Callable[[Mapping[str, tf.Tensor], tf.Tensor], tuple[tf.Tensor, tf.Tensor
 class CallResult:
     """What one compiled call did: ``ran`` steps (fewer than asked means the data ended
     or a step faulted); for a faulted step, its ``checks`` (see
-    :mod:`beatloop.core.numerics`).
+    ``beatloop.core.numerics``).
 
-    In compiled code the call returns one integer, :meth:`status`: the steps it ran,
-    plus a fault flag above every possible count; :meth:`read` decodes it.
+    In compiled code the call returns one integer, ``status``: the steps it ran,
+    plus a fault flag above every possible count; ``read`` decodes it.
     """
 
     ran: int
@@ -110,7 +110,7 @@ class CompiledLoop:
         tf.function on the first call. A loop of K=1 needs no while loop: a
         conditional on the next batch is cheaper. AutoGraph is off: the control flow
         here is explicit, and a recipe's own code is converted where it is called
-        (:func:`~beatloop.core.user_code.call_user`).
+        (``call_user``).
         """
         if not compiled:
             return {"multi": (self.multi_step_on_iterator, None)}

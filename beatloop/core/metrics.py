@@ -3,7 +3,7 @@
 Per beat a mean of its loss (and, in training, its last step's value), plus the
 recipe's own metrics; logged under a prefix (``val_`` for validation) and the name.
 Reading a metric costs a tensor read, so logs between compiled calls are read only when
-a callback looks (:class:`LazyLogs`).
+a callback looks (``LazyLogs``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class LastValue(keras.metrics.Metric):
         self.take(keras.ops.cast(value, self.dtype), weight)
 
     def take(self, value, weight) -> None:
-        """:meth:`update_state` for a value and weight already in the metric's dtype."""
+        """``update_state`` for a value and weight already in the metric's dtype."""
         self.total.assign(value * weight)
         self.count.assign(weight)
 

@@ -4,10 +4,10 @@ Every training step hands back its *checks*: a float32 ``[beats, 2]`` tensor hol
 beat, its loss and the sum of squares of its gradients (summed over the beat's repeats
 and over replicas; zero for a beat that did not run). All finite means all is well: the
 compiled loop tests that with one reduction per step and stops at the first step that
-fails, and :func:`describe_checks` names the beat and the value, instead of the step
+fails, and ``describe_checks`` names the beat and the value, instead of the step
 branching around every update.
 
-With a :class:`DivergenceGuard` (``divergence=`` factor) the checks gain a third column:
+With a ``DivergenceGuard`` (``divergence=`` factor) the checks gain a third column:
 per beat, the running median its loss was found too far above (zero for every beat that
 did not diverge), and a step faults when its checks are not all finite *or* that column
 is not all zero.
@@ -28,13 +28,13 @@ COLUMNS = 2
 
 def gradient_squares(grads) -> list[tf.Tensor]:
     """Half the sum of squares of each gradient: one ``L2Loss`` op per gradient (the
-    cheapest reduction TensorFlow has for it), which :func:`beat_checks` doubles once."""
+    cheapest reduction TensorFlow has for it), which ``beat_checks`` doubles once."""
     return [tf.nn.l2_loss(g) for g in grads]
 
 
 def beat_checks(losses: Sequence[tf.Tensor], squares: Sequence[tf.Tensor]) -> tf.Tensor:
     """One beat's row of the checks: its summed loss and summed gradient squares
-    (``squares`` from :func:`gradient_squares`: halves, doubled here exactly)."""
+    (``squares`` from ``gradient_squares``: halves, doubled here exactly)."""
     return tf.stack([tf.add_n(list(losses)), tf.add_n(list(squares)) * 2.0 if squares else 0.0])
 
 

@@ -1,10 +1,10 @@
 """TensorFlow errors turned into beatloop's: a data problem found while a step runs, or
-while a recipe's losses first meet the data, becomes one readable :class:`DataError`.
+while a recipe's losses first meet the data, becomes one readable ``DataError``.
 
-:func:`data_errors` names the data set (training or validation) and the recipe: in a
-model input that does not fit (:class:`~beatloop.core.errors.InputMismatchError`, found
+``data_errors`` names the data set (training or validation) and the recipe: in a
+model input that does not fit (``InputMismatchError``, found
 when a step is traced), a class label out of range
-(:class:`~beatloop.core.errors.LabelRangeError`, read from TensorFlow's error: the
+(``LabelRangeError``, read from TensorFlow's error: the
 compiled step holds no extra op for it), an exception in the data pipeline (its Python
 exception and line, when it has them) and any other op error a batch causes.
 """
@@ -22,7 +22,7 @@ from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError
 from beatloop.core.user_code import own_frame
 
 #: A recipe's label keys: batch key -> (the config field giving its number of classes,
-#: that field's value). See :meth:`beatloop.core.recipe.Recipe.label_classes`.
+#: that field's value). See ``beatloop.core.recipe.Recipe.label_classes``.
 LabelClasses = Mapping[str, tuple[str, object]]
 
 # TensorFlow's words for a label out of range: the kernel's own, and (with op

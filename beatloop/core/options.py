@@ -52,7 +52,7 @@ class EngineOptions:
     """How the engine runs steps, independent of what the recipe computes.
 
     ``steps_per_execution``: steps per compiled call, or ``"auto"``: the engine times its
-    calls and chooses (see :mod:`beatloop.core.pacing`). ``steps_per_epoch``: end epochs after
+    calls and chooses (see ``beatloop.core.pacing``). ``steps_per_epoch``: end epochs after
     that many steps (needed for endless data). ``checkpoint_every``: also checkpoint
     mid-epoch, at the first call boundary at or after every N steps (a run with a run dir
     always checkpoints at each epoch's end). ``max_to_keep``: checkpoints kept on disk.
@@ -61,7 +61,7 @@ class EngineOptions:
     most ``max_rollbacks`` times. ``divergence``: also fault (as ``on_nan`` says) at a
     step where a beat's ``|loss|`` is above ``divergence`` times the median of its
     ``|loss|`` over its last ``divergence_window`` steps (see
-    :class:`~beatloop.core.numerics.DivergenceGuard`); ``None`` (the default) builds no
+    ``DivergenceGuard``); ``None`` (the default) builds no
     part of it. ``debug``: run the steps eagerly and stop before a non-finite (or
     diverged) update. ``jit_compile``: compile the training and validation steps with
     XLA. ``precision``: ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's

@@ -89,7 +89,7 @@ def new_operations() -> Iterator[list[tf.Operation]]:
 
 
 def warn_global_random(found: Mapping[str, list[str]], context: str) -> None:
-    """One :class:`ResumeWarning` per beat or group that uses global random ops
+    """One ``ResumeWarning`` per beat or group that uses global random ops
     (``found``: op types by what drew them, e.g. "the loss of beat 'x'")."""
     for where, op_types in found.items():
         if op_types:

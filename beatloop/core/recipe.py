@@ -44,17 +44,17 @@ class Recipe(abc.ABC):
     - ``build_optimizers()``: optimizers by name;
     - ``losses()``: loss functions by name; each takes ``(models, batch)`` and returns a
       scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need
-      (a beat in a :class:`~beatloop.core.beats.Group` takes ``(outputs, batch)``:
+      (a beat in a ``Group`` takes ``(outputs, batch)``:
       the outputs of its group's forward, from ``forwards()``);
-    - ``schedule()``: the :class:`Schedule` of one step.
+    - ``schedule()``: the ``Schedule`` of one step.
 
-    Optional: ``default_data(seed)`` (a :class:`DataSplit` built from data that ships
+    Optional: ``default_data(seed)`` (a ``DataSplit`` built from data that ships
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
     by name, built for batches of that spec; without it every run passes ``models=``),
-    ``supplied_models`` (models the user supplies, see :class:`SuppliedModel`),
+    ``supplied_models`` (models the user supplies, see ``SuppliedModel``),
     ``batch_keys`` (key -> minimum rank), ``primary_model`` (the model Keras callbacks
     see), ``source_defaults`` (data source parameters it wants, see
-    :mod:`beatloop.sources`), ``label_classes()`` (label keys -> the config
+    ``beatloop.sources``), ``label_classes()`` (label keys -> the config
     field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
@@ -174,7 +174,7 @@ class Recipe(abc.ABC):
 
 
 class EpochFigures(Callback):
-    """Logs a recipe's :meth:`Recipe.epoch_figures` with each epoch, before any other
+    """Logs a recipe's ``Recipe.epoch_figures`` with each epoch, before any other
     callback sees the epoch's logs."""
 
     order = Order.FIGURES
@@ -188,13 +188,13 @@ class EpochFigures(Callback):
 
 def defines(recipe: Recipe | type[Recipe], method: str) -> bool:
     """Whether ``recipe`` (an instance or a class) defines ``method`` itself rather than
-    inheriting :class:`Recipe`'s (e.g. the optional ``default_data``, ``build_models``)."""
+    inheriting ``Recipe``'s (e.g. the optional ``default_data``, ``build_models``)."""
     cls = recipe if isinstance(recipe, type) else type(recipe)
     return getattr(cls, method) is not getattr(Recipe, method)
 
 
 def label_settings(recipe: Recipe) -> dict[str, tuple[str, object]]:
-    """The recipe's label keys (:meth:`Recipe.label_classes`), each with its config
+    """The recipe's label keys (``Recipe.label_classes``), each with its config
     field and that field's value in this recipe's config."""
     return {
         key: (field, getattr(recipe.config, field, None))

@@ -72,7 +72,7 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, stored: Mapping[str, Any]) -> RunRecord:
-        """A record as :meth:`to_json` wrote it (or as checkpoints since issue 8 hold it)."""
+        """A record as ``to_json`` wrote it (or as checkpoints since issue 8 hold it)."""
         fields = {field.name for field in attrs.fields(cls)}
         return cls(**{key: value for key, value in stored.items() if key in fields})
 

@@ -1,6 +1,6 @@
 """Recovery: checkpoint save and restore, rollback after a fault, and Ctrl-C.
 
-The engine tells :class:`Recovery` where the run is (the start, a call boundary, an
+The engine tells ``Recovery`` where the run is (the start, a call boundary, an
 epoch's end, a faulted call); Recovery decides whether to save, restores on resume and
 on rollback, and turns Ctrl-C into a checkpoint at the next call boundary. Without a run
 dir there is nothing to save: faults stop the run, and Ctrl-C interrupts as usual.

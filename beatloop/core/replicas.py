@@ -44,8 +44,8 @@ def on_replicas(strategy: tf.distribute.Strategy | None, fn: Callable, *args) ->
 
 def replica_view(strategy, generator: tf.random.Generator, local: tf.Tensor):
     """``(share, random)`` for a step on ``local`` examples: on one device no share and
-    the run's generator itself; on a replica its :class:`BatchShare` and a
-    :class:`ReplicaRandom` over the generator."""
+    the run's generator itself; on a replica its ``BatchShare`` and a
+    ``ReplicaRandom`` over the generator."""
     if strategy is None:
         return None, generator
     share = batch_share(local)

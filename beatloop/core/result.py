@@ -16,7 +16,7 @@ from beatloop.core.recipe import Recipe
 
 @attrs.frozen
 class FitResult:
-    """The outcome of :func:`beatloop.fit`: per-epoch history, trained parts, and where
+    """The outcome of ``beatloop.fit``: per-epoch history, trained parts, and where
     the run wrote its files."""
 
     recipe: Recipe
@@ -34,7 +34,7 @@ class FitResult:
     checkpoint: str | None = None
     #: Steps per compiled call the run ended with (under ``"auto"``, the K it chose).
     steps_per_execution: int = 1
-    #: The engine that ran (or restored) the run, which :meth:`evaluate` runs on.
+    #: The engine that ran (or restored) the run, which ``evaluate`` runs on.
     engine: Any = attrs.field(default=None, repr=False, eq=False)
 
     @property

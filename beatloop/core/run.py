@@ -13,7 +13,7 @@ from beatloop.core.counters import Counters
 
 @attrs.define(eq=False)
 class Run:
-    """The run in progress, as callbacks see it: the recipe (a :class:`beatloop.Recipe`),
+    """The run in progress, as callbacks see it: the recipe (a ``beatloop.Recipe``),
     its bound schedule and models, the counters, and where it writes.
 
     Set ``stop_training`` to end the run after the current epoch; record files the run
@@ -26,7 +26,7 @@ class Run:
     counters: Counters
     run_dir: Path | None
     epochs: int
-    #: How many steps each compiled call runs (:mod:`beatloop.core.pacing`).
+    #: How many steps each compiled call runs (``beatloop.core.pacing``).
     pace: Any
     steps_per_epoch: int | None
     seed: int

@@ -1,5 +1,5 @@
 """The run dir on disk: checked before a run writes anything, created when the run
-starts, and every failed write there reported as one :class:`RunDirError`.
+starts, and every failed write there reported as one ``RunDirError``.
 
 A run that cannot start (bad data, a refused resume, a run dir that cannot be written)
 leaves the run dir exactly as it was: nothing is created or written before the checks
@@ -69,7 +69,7 @@ def check_run_dir(run_dir: Path) -> None:
 
 class RunDirBefore:
     """The run dir as it was before a run started: which paths existed, and ``run.json``'s
-    bytes. A run that fails before its first step puts it back with :meth:`put_back`, so
+    bytes. A run that fails before its first step puts it back with ``put_back``, so
     bad data or a bad model found at the first batch leaves no run dir behind, and a
     resumed run's dir keeps its ``run.json``."""
 

@@ -1,8 +1,8 @@
 """One training step and one validation step on one batch (Keras's ``one_step_on_data``).
 
 A step is a plain callable of ``(batch, step number)`` that returns its checks (see
-:mod:`beatloop.core.numerics`) and the number of examples in the batch; it touches no
-counter. :class:`~beatloop.core.loop.CompiledLoop` runs K of them per compiled call.
+``beatloop.core.numerics``) and the number of examples in the batch; it touches no
+counter. ``CompiledLoop`` runs K of them per compiled call.
 The pieces are small on purpose: an entry's gradients (one beat's, or a group's from
 one forward), their transform, their update.
 """
@@ -35,7 +35,7 @@ class TrainStep:
     """Every entry of a bound schedule in order on one batch (a lone beat, or a group of
     beats updated simultaneously), then the metrics.
 
-    With a ``strategy`` the beats run on every replica (see :mod:`beatloop.core.replicas`)
+    With a ``strategy`` the beats run on every replica (see ``beatloop.core.replicas``)
     and their checks and batch sizes are summed over replicas. ``debug`` (eager mode)
     stops before a non-finite update is applied. With a ``divergence`` guard, each
     replica's loss enters the checks weighted by its share of the global batch, so their

@@ -14,7 +14,7 @@ over), and destroying one joins its autotuning thread, waiting while that thread
 passes are the repetitions of one iterator over the data repeated endlessly, each call
 asking for no more than the pass has left: the repetitions give the same batches in
 the same order as one iterator a pass. Other iterators the stream is done with go to
-:class:`IteratorReleaser`, which destroys them on a thread of its own.
+``IteratorReleaser``, which destroys them on a thread of its own.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class IteratorReleaser:
 
 
 class DataStream:
-    """A run's training passes and validation passes over one :class:`DataSplit`.
+    """A run's training passes and validation passes over one ``DataSplit``.
 
     With a ``strategy`` both data sets are distributed: each global batch is cut into
     one part per replica.

@@ -1,7 +1,7 @@
 """Models a recipe's user supplies (a trained teacher, a pretrained feature network), and
 the models a run is given: ``.keras`` paths loaded, the missing ones named in one error.
 
-A recipe declares them in ``supplied_models`` as :class:`SuppliedModel` values. One with
+A recipe declares them in ``supplied_models`` as ``SuppliedModel`` values. One with
 a ``fallback`` is built by the recipe's ``build_models`` when the user passes none; one
 without is required. Either way a supplied model is frozen unless a beat updates it: the
 binding rules do not ask for its variables to be declared frozen (``bind(supplied=...)``).

@@ -1,8 +1,8 @@
 """Running a recipe's own code (a loss, a metric update, a forward function) so that a
 mistake in it is reported in it.
 
-:func:`call_user` turns an exception raised inside such a function into a
-:class:`~beatloop.core.errors.UserCodeError` naming the function, the beat and the
+``call_user`` turns an exception raised inside such a function into a
+``UserCodeError`` naming the function, the beat and the
 recipe's own line that failed (traced by autograph or not), with the original exception
 as its cause. beatloop's own errors, and TensorFlow's op errors (the data, found while
 a step runs), pass through unchanged; the engine reports the latter as data errors.
@@ -60,7 +60,7 @@ def as_written(recipe, function: Callable) -> Callable:
 
 
 def recipe_functions(recipe, functions: Mapping[str, Callable]) -> dict[str, Callable]:
-    """A recipe's losses or forwards by name, each :func:`as_written`."""
+    """A recipe's losses or forwards by name, each ``as_written``."""
     return {name: as_written(recipe, function) for name, function in functions.items()}
 
 
@@ -117,7 +117,7 @@ def user_frame(error: BaseException) -> str | None:
 
 def own_frame(frames: Iterable[tuple[str, int, str, str | None]]) -> str | None:
     """``file:line in function: code`` of the first of ``frames`` (``(file, line,
-    function, code)``, innermost first) in the user's own code, as :func:`user_frame`
+    function, code)``, innermost first) in the user's own code, as ``user_frame``
     picks it."""
     for filename, lineno, function, code in frames:
         if not _in_library(filename) and _GENERATED not in filename:
@@ -139,7 +139,7 @@ def _frames(error: BaseException) -> Iterator[tuple[str, int, str, str | None]]:
 
 def _in_library(filename: str) -> bool:
     """Whether ``filename`` is in beatloop's machinery (not its built-in recipes), one of
-    the :data:`LIBRARIES` or the standard library."""
+    the ``LIBRARIES`` or the standard library."""
     if filename.startswith("<frozen "):
         return True
     path = os.path.normcase(os.path.abspath(filename))

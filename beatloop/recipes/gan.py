@@ -307,7 +307,7 @@ class Gan(Recipe):
         return run.models["generator"](latent, training=False).numpy()
 
     def epoch_figures(self, run: Run) -> dict[str, float]:
-        """Sample quality from the digits classifier (see :mod:`beatloop.quality`), when
+        """Sample quality from the digits classifier (see ``beatloop.quality``), when
         the samples are 64-pixel digits; nothing for other image data."""
         samples = self.samples(run, self.config.quality_samples)
         if int(np.prod(samples.shape[1:])) != 64:
