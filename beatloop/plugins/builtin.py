@@ -33,6 +33,6 @@ def register_callbacks() -> list[type]:
 
 @hookimpl
 def register_data_sources() -> list[type]:
-    from beatloop.sources import CsvSource, FolderSource, NpzSource
+    from beatloop.source_kinds import CsvSource, FolderSource, NpzSource
 
     return [FolderSource, CsvSource, NpzSource]

@@ -25,7 +25,7 @@ from beatloop.core.errors import (
 )
 from beatloop.core.recipe import Recipe
 from beatloop.plugins import builtin, hookspecs
-from beatloop.sources import DataSource
+from beatloop.source_base import DataSource
 
 BUILTIN = "built-in"
 DISABLE_AUTOLOAD = hookspecs.DISABLE_AUTOLOAD

@@ -1,0 +1,279 @@
+"""The built-in data source kinds: ``folder`` (images), ``csv`` and ``npz``, and
+``split_arrays``, which makes arrays into a ``DataSplit`` for them and for plugins'
+kinds. Registered by the built-in plugin; named on the command line through
+``beatloop.sources``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+from beatloop.core.batches import DataSplit
+from beatloop.core.errors import DataError
+from beatloop.source_base import DataSource, SourceConfig
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+INTERPOLATIONS = ("bilinear", "nearest", "area", "bicubic")
+SCALES = {"unit": (1 / 255.0, 0.0), "signed": (1 / 127.5, -1.0), "raw": (1.0, 0.0)}
+
+
+def _image_size(instance, attribute, value) -> None:
+    if len(value) != 2 or min(value) < 1:
+        raise ValueError(f"image_size must be two positive numbers (height,width), got {value}")
+
+
+@attrs.frozen
+class FolderConfig(SourceConfig):
+    """``image_size``: (height, width) every image is resized to; ``color_mode``: the
+    channels (1, 3 or 4); ``value_range``: pixels in [0, 1] (``unit``), [-1, 1]
+    (``signed``, what a tanh generator makes) or [0, 255] (``raw``); ``interpolation``:
+    the resizing method."""
+
+    image_size: tuple[int, ...] = attrs.field(default=(64, 64), validator=_image_size)
+    color_mode: Literal["grayscale", "rgb", "rgba"] = attrs.field(
+        default="rgb", validator=attrs.validators.in_(("grayscale", "rgb", "rgba"))
+    )
+    value_range: Literal["unit", "signed", "raw"] = attrs.field(
+        default="unit", validator=attrs.validators.in_(tuple(SCALES))
+    )
+    interpolation: Literal["bilinear", "nearest", "area", "bicubic"] = attrs.field(
+        default="bilinear", validator=attrs.validators.in_(INTERPOLATIONS)
+    )
+
+
+class FolderSource(DataSource):
+    """A folder of images: batches {x} (float32, (n, height, width, channels)), plus y
+    (int32: the class subfolder's index, in alphabetical order) when the images are in
+    one subfolder per class."""
+
+    name = "folder"
+    Config = FolderConfig
+
+    def load(self, seed: int, batch_size: int) -> DataSplit:
+        import keras
+
+        folder = Path(self.path)
+        if not folder.exists():
+            raise DataError(f"data source {self.label!r}: there is no folder {self.path!r}")
+        if not folder.is_dir():
+            raise DataError(f"data source {self.label!r}: {self.path!r} is a file, not a folder")
+        classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and _images_in(p))
+        if not classes and not _images_in(folder):
+            raise DataError(
+                f"data source {self.label!r}: the folder {self.path!r} holds no images "
+                f"({' '.join(IMAGE_SUFFIXES)}), neither in itself nor in class subfolders"
+            )
+        config = self.config
+        try:
+            dataset = keras.utils.image_dataset_from_directory(
+                str(folder),
+                labels="inferred" if classes else None,
+                label_mode="int",
+                class_names=classes or None,
+                color_mode=config.color_mode,
+                batch_size=256,
+                image_size=tuple(config.image_size),
+                shuffle=False,
+                interpolation=config.interpolation,
+                verbose=False,
+            )
+        except ValueError as error:
+            raise DataError(f"data source {self.label!r}: {error}") from None
+        scale, shift = SCALES[config.value_range]
+        parts: dict[str, list[np.ndarray]] = {"x": [], "y": []}
+        for batch in dataset.as_numpy_iterator():
+            pixels, labels = batch if classes else (batch, None)
+            parts["x"].append(pixels.astype(np.float32) * np.float32(scale) + np.float32(shift))
+            if labels is not None:
+                parts["y"].append(labels.astype(np.int32))
+        arrays = {key: np.concatenate(value) for key, value in parts.items() if value}
+        return split_arrays(arrays, self.config, seed, batch_size, self.label)
+
+    def hint(self, missing: Sequence[str]) -> str:
+        if "y" in missing:
+            return "; a folder gives 'y' when its images are in one subfolder per class"
+        return ""
+
+
+def _images_in(folder: Path) -> bool:
+    return any(p.suffix.lower() in IMAGE_SUFFIXES for p in folder.rglob("*") if p.is_file())
+
+
+@attrs.frozen
+class CsvConfig(SourceConfig):
+    """``label``: the column that becomes ``y`` (none by default); ``keys``: columns that
+    become batch keys of their own name (e.g. ``risk``); ``features``: the columns
+    gathered into ``x`` (by default every other column); ``delimiter``: the separator."""
+
+    label: str | None = None
+    keys: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    delimiter: str = ","
+
+
+class CsvSource(DataSource):
+    """A CSV file with a header row of column names: batches {x} (float32, (n, features)),
+    plus y (the label column) and any columns named in keys."""
+
+    name = "csv"
+    Config = CsvConfig
+
+    def load(self, seed: int, batch_size: int) -> DataSplit:
+        columns = self._columns()
+        config = self.config
+        named = ([config.label] if config.label is not None else []) + list(config.keys)
+        absent = [name for name in [*named, *config.features] if name not in columns]
+        if absent:
+            raise DataError(
+                f"data source {self.label!r}: the CSV has no column(s) {absent}; its columns: "
+                f"{list(columns)}"
+            )
+        features = list(config.features) or [name for name in columns if name not in named]
+        if not features:
+            raise DataError(
+                f"data source {self.label!r}: no columns are left for 'x' (every column is "
+                "the label or a key)"
+            )
+        arrays = {"x": np.stack([columns[name] for name in features], axis=1)}
+        arrays["x"] = arrays["x"].astype(np.float32)
+        if config.label is not None:
+            arrays["y"] = _narrowest(columns[config.label])
+        for name in config.keys:
+            arrays[name] = _narrowest(columns[name])
+        return split_arrays(arrays, config, seed, batch_size, self.label)
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        path = Path(self.path)
+        if not path.is_file():
+            what = "a folder, not a file" if path.is_dir() else "not there"
+            raise DataError(f"data source {self.label!r}: {self.path!r} is {what}")
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle, delimiter=self.config.delimiter))
+        rows = [row for row in rows if row]
+        if len(rows) < 2:
+            raise DataError(
+                f"data source {self.label!r}: the CSV needs a header row and at least one row "
+                f"of values; it has {len(rows)} row(s)"
+            )
+        header = [name.strip() for name in rows[0]]
+        values = np.empty((len(rows) - 1, len(header)), dtype=np.float64)
+        for number, row in enumerate(rows[1:], start=2):
+            if len(row) != len(header):
+                raise DataError(
+                    f"data source {self.label!r}: line {number} has {len(row)} values, the "
+                    f"header {len(header)} columns"
+                )
+            for index, text in enumerate(row):
+                try:
+                    values[number - 2, index] = float(text)
+                except ValueError:
+                    raise DataError(
+                        f"data source {self.label!r}: line {number}, column "
+                        f"{header[index]!r} holds {text!r}, not a number"
+                    ) from None
+        return {name: values[:, index] for index, name in enumerate(header)}
+
+    def hint(self, missing: Sequence[str]) -> str:
+        if "y" in missing:
+            return "; name the label column: --data-set label=COLUMN"
+        return f"; name the columns: --data-set keys={','.join(missing)}"
+
+
+def _narrowest(column: np.ndarray) -> np.ndarray:
+    """A column as int32 when every value is a whole number, else float32."""
+    if np.all(np.isfinite(column)) and np.all(column == np.round(column)):
+        return column.astype(np.int32)
+    return column.astype(np.float32)
+
+
+@attrs.frozen
+class NpzConfig(SourceConfig):
+    """``keys``: the arrays to use (by default every array in the file)."""
+
+    keys: tuple[str, ...] = ()
+
+
+class NpzSource(DataSource):
+    """A NumPy .npz file: every array (or those in keys) becomes the batch key of its
+    name; float64 arrays become float32. All arrays have one example per row."""
+
+    name = "npz"
+    Config = NpzConfig
+
+    def load(self, seed: int, batch_size: int) -> DataSplit:
+        path = Path(self.path)
+        if not path.is_file():
+            what = "a folder, not a file" if path.is_dir() else "not there"
+            raise DataError(f"data source {self.label!r}: {self.path!r} is {what}")
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                names = list(self.config.keys) or list(archive.files)
+                absent = [name for name in names if name not in archive.files]
+                if absent:
+                    raise DataError(
+                        f"data source {self.label!r}: the file has no array(s) {absent}; it "
+                        f"holds {archive.files}"
+                    )
+                arrays = {name: archive[name] for name in names}
+        except DataError:
+            raise
+        except (OSError, ValueError) as error:
+            raise DataError(
+                f"data source {self.label!r}: not a readable .npz file: {error}"
+            ) from None
+        if not arrays:
+            raise DataError(f"data source {self.label!r}: the file holds no arrays")
+        arrays = {
+            name: value.astype(np.float32) if value.dtype == np.float64 else value
+            for name, value in arrays.items()
+        }
+        return split_arrays(arrays, self.config, seed, batch_size, self.label)
+
+
+# --- shared: arrays into a split --------------------------------------------------------
+
+
+def split_arrays(
+    arrays: Mapping[str, np.ndarray], config: Any, seed: int, batch_size: int, label: str
+) -> DataSplit:
+    """Arrays (one example per row) as a DataSplit: ``config.validation_fraction`` of the
+    examples, drawn by ``seed``, held out for validation; training batches reshuffled
+    every epoch by ``seed`` when ``config.shuffle`` (the built-in pipeline,
+    ``beatloop.data.batches``)."""
+    from beatloop import data
+
+    counts = {name: len(value) for name, value in arrays.items() if np.ndim(value) > 0}
+    if len(counts) != len(arrays) or len(set(counts.values())) != 1:
+        shapes = {name: np.shape(value) for name, value in arrays.items()}
+        raise DataError(
+            f"data source {label!r}: every array needs one example per row, the same number "
+            f"of rows; found shapes {shapes}"
+        )
+    count = next(iter(counts.values()))
+    if count == 0:
+        raise DataError(f"data source {label!r}: it holds no examples")
+    fraction = getattr(config, "validation_fraction", 0.0)
+    held = round(count * fraction)
+    if fraction and not 0 < held < count:
+        raise DataError(
+            f"data source {label!r}: validation_fraction={fraction} of {count} example(s) "
+            f"leaves {count - held} for training and {held} for validation; both need some"
+        )
+    shuffle_seed = seed if getattr(config, "shuffle", True) else None
+    if not held:
+        return DataSplit(data.batches(arrays, batch_size, shuffle_seed=shuffle_seed))
+    order = np.random.default_rng(seed).permutation(count)
+    train = {name: value[order[held:]] for name, value in arrays.items()}
+    validation = {name: value[order[:held]] for name, value in arrays.items()}
+    return DataSplit(
+        data.batches(train, batch_size, shuffle_seed=shuffle_seed),
+        data.batches(validation, batch_size),
+    )
+
+
