@@ -275,5 +275,3 @@ def split_arrays(
         data.batches(train, batch_size, shuffle_seed=shuffle_seed),
         data.batches(validation, batch_size),
     )
-
-

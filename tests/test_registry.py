@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pytest
+import tensorflow as tf
 from helpers import run_python
 
 import beatloop
@@ -291,3 +292,32 @@ def test_list_verbose_shows_failed_plugins(install_plugin, capsys):
     out = capsys.readouterr().out
     assert "failed plugin bl_test_broken [bl-broken]: import failed: ImportError: missing" in out
     assert "\nsupervised  " in out and out.startswith("gan  ")
+
+
+def test_a_recipe_registered_in_a_script_or_module_is_named_by_where(monkeypatch, small_digits):
+    class Ported(Supervised):
+        """Registered from a script."""
+
+        name = "ported_recipe"
+
+    registry = Registry(load_entry_points=False)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    beatloop.register(Ported)
+    with pytest.raises(beatloop.DataError) as raised:
+        beatloop.fit("ported_recipe", data=tf.data.Dataset.from_tensors({"z": [1.0]}), seed=0)
+    assert str(raised.value).startswith(
+        f"recipe 'ported_recipe' (registered by beatloop.register in module {__name__}) "
+    )
+    monkeypatch.setattr(Ported, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/home/me/cgan_port.py", raising=False)
+    registry = Registry(load_entry_points=False)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    beatloop.register(Ported)
+    assert registry.recipe("ported_recipe").origin == "registered in script cgan_port.py"
+    assert registry.describe_origin("ported_recipe") == (
+        "recipe 'ported_recipe' (registered in script cgan_port.py)"
+    )
+    monkeypatch.delattr(sys.modules["__main__"], "__file__")
+    assert registry.describe_origin("ported_recipe") == (
+        "recipe 'ported_recipe' (registered in the interactive session)"
+    )

@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
+import sys
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 import pluggy
@@ -37,8 +39,14 @@ class Entry:
 
     name: str
     cls: type
-    origin: str  # "built-in", a distribution name, or "registered in <module>"
+    #: "built-in", a distribution name, or where ``beatloop.register`` was called:
+    #: "registered in script train.py" (a script run as ``__main__``), "registered in
+    #: the interactive session", or "registered in <module>".
+    origin: str
+    #: The plugin's name; for a class registered at run time, its module.
     plugin: str
+    #: Whether it was registered at run time (``beatloop.register``), not by a plugin.
+    runtime: bool = False
 
 
 @attrs.frozen
@@ -242,7 +250,9 @@ class Registry:
             )
 
     @staticmethod
-    def _add(table: dict[str, Entry], cls: type, origin: str, plugin: str) -> None:
+    def _add(
+        table: dict[str, Entry], cls: type, origin: str, plugin: str, runtime: bool = False
+    ) -> None:
         name = cls.callback_name if issubclass(cls, Callback) else cls.name
         existing = table.get(name)
         if existing is not None and existing.cls is not cls:
@@ -251,21 +261,23 @@ class Registry:
                 f"{existing.cls.__qualname__} from {existing.origin} and {cls.__module__}."
                 f"{cls.__qualname__} from {origin}; uninstall one or rename it"
             )
-        table[name] = Entry(name, cls, origin, plugin)
+        table[name] = Entry(name, cls, origin, plugin, runtime)
 
     # -- lookups --------------------------------------------------------------------
     def register(self, cls: type) -> type:
         """Register a recipe class from a script or notebook, without packaging."""
-        origin = f"registered in {cls.__module__}"
-        check_recipe_class(cls, origin)
-        self._add(self.recipes, cls, origin, cls.__module__)
+        module = getattr(cls, "__module__", "?")
+        check_recipe_class(cls, f"beatloop.register in {registration_place(module)}")
+        origin = _runtime_origin(module)
+        self._add(self.recipes, cls, origin, cls.__module__, runtime=True)
         return cls
 
     def register_source(self, cls: type) -> type:
         """Register a data source class from a script or notebook, without packaging."""
-        origin = f"registered in {cls.__module__}"
-        check_source_class(cls, origin)
-        self._add(self.sources, cls, origin, cls.__module__)
+        module = getattr(cls, "__module__", "?")
+        check_source_class(cls, f"beatloop.register_data_source in {registration_place(module)}")
+        origin = _runtime_origin(module)
+        self._add(self.sources, cls, origin, cls.__module__, runtime=True)
         return cls
 
     def source(self, name: str) -> Entry:
@@ -303,14 +315,36 @@ class Registry:
             ) from None
 
     def describe_origin(self, name: str) -> str:
-        """``recipe 'x'``, plus the plugin and package it came from when not built in."""
+        """``recipe 'x'``, plus where it came from when not built in: the plugin and its
+        package, or where ``beatloop.register`` registered it."""
         entry = self.recipe(name)
         if entry.origin == BUILTIN:
             return f"recipe {name!r}"
-        return f"recipe {name!r} (plugin {entry.plugin!r} from {entry.origin})"
+        if not entry.runtime:
+            return f"recipe {name!r} (plugin {entry.plugin!r} from {entry.origin})"
+        place = registration_place(entry.plugin)
+        if place.startswith("module "):
+            return f"recipe {name!r} (registered by beatloop.register in {place})"
+        return f"recipe {name!r} (registered in {place})"
 
     def recipe_names(self) -> list[str]:
         return sorted(self.recipes)
+
+
+def registration_place(module: str) -> str:
+    """Where ``beatloop.register`` was called for a class of ``module``, in words:
+    ``script train.py`` (a script run as ``__main__``), ``the interactive session`` (a
+    notebook or prompt) or ``module NAME``."""
+    if module != "__main__":
+        return f"module {module}"
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    return f"script {Path(script).name}" if script else "the interactive session"
+
+
+def _runtime_origin(module: str) -> str:
+    """An ``Entry.origin`` of a class registered at run time."""
+    place = registration_place(module)
+    return f"registered in {place.removeprefix('module ')}"
 
 
 _REGISTRY: Registry | None = None
