@@ -3,6 +3,8 @@ in one error, ``.keras`` paths in Python and on the command line, frozen and in 
 mode unless a beat updates them, exact resume; and recipes without ``default_data`` or
 ``build_models``."""
 
+import zipfile
+
 import attrs
 import keras
 import numpy as np
@@ -224,18 +226,41 @@ def test_bad_paths_are_config_errors_naming_the_model_and_the_path(tmp_path):
     absent = tmp_path / "none.keras"
     with pytest.raises(beatloop.ConfigError, match=r"'teacher' from '.*none\.keras': there is no"):
         beatloop.fit(Distil, models={"teacher": str(absent)})
-    broken = tmp_path / "broken.keras"
-    broken.write_bytes(b"not a zip file")
-    with pytest.raises(beatloop.ConfigError, match=r"cannot load model 'teacher' from '.*broken"):
-        beatloop.fit(Distil, models={"teacher": broken})
-    try:
-        beatloop.fit(Distil, models={"teacher": broken})
-    except beatloop.ConfigError as error:
-        assert error.__cause__ is not None  # the loader's own error, chained
     with pytest.raises(
         beatloop.ConfigError, match=r"must be a keras\.\S*Layer or the path of a \.keras"
     ):
         beatloop.fit(Distil, models={"teacher": 3})
+
+
+def test_a_path_that_exists_but_is_no_keras_file_says_what_it_is(tmp_path):
+    folder = tmp_path / "teacher.keras"
+    folder.mkdir()
+    broken = tmp_path / "broken.keras"
+    broken.write_bytes(b"not a zip file")
+    other_zip = tmp_path / "other.keras"
+    with zipfile.ZipFile(other_zip, "w") as archive:
+        archive.writestr("notes.txt", "hello")
+    expected = "; a .keras file was expected (the zip archive model.save('teacher.keras') writes)"
+    for path, what in (
+        (folder, "it is a folder"),
+        (broken, "it is not a readable zip archive (File is not a zip file)"),
+        (other_zip, "the zip archive holds no config.json (it was not written by model.save)"),
+    ):
+        with pytest.raises(beatloop.ConfigError) as raised:
+            beatloop.fit(Distil, models={"teacher": path})
+        assert (
+            str(raised.value) == f"cannot load model 'teacher' from {str(path)!r}: {what}{expected}"
+        )
+        assert raised.value.exit_code == 2
+    garbled = tmp_path / "garbled.keras"
+    with zipfile.ZipFile(garbled, "w") as archive:
+        archive.writestr("config.json", "{not json")
+    with pytest.raises(beatloop.ConfigError, match=r"cannot load model 'teacher' from '.*garbled"):
+        beatloop.fit(Distil, models={"teacher": garbled})
+    try:
+        beatloop.fit(Distil, models={"teacher": garbled})
+    except beatloop.ConfigError as error:
+        assert error.__cause__ is not None  # the loader's own error, chained
 
 
 def test_cli_model_option_passes_paths_through(registered, teacher_file, tmp_path, capsys):

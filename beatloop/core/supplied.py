@@ -9,6 +9,7 @@ binding rules do not ask for its variables to be declared frozen (``bind(supplie
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -111,15 +112,42 @@ def loaded(models: Mapping[str, object] | None) -> dict[str, object]:
 
 
 def _load(name: str, path: Path) -> keras.Model:
-    where = f"model {name!r} from {str(path)!r}"
-    if path.suffix != ".keras":
+    """The model in the ``.keras`` file ``path``: what the path is instead (a folder,
+    another suffix, a file that is not a ``.keras`` archive) is checked first, so the
+    error says that rather than what Keras's loader makes of it."""
+    where = f"cannot load model {name!r} from {str(path)!r}"
+    problem = _not_a_keras_file(path)
+    if problem:
         raise ConfigError(
-            f"cannot load {where}: a path must name a .keras file (save one with "
-            f"model.save('{name}.keras')), found suffix {path.suffix or '(none)'!r}"
+            f"{where}: {problem}; a .keras file was expected (the zip archive "
+            f"model.save('{name}.keras') writes)"
         )
-    if not path.is_file():
-        raise ConfigError(f"cannot load {where}: there is no such file")
     try:
         return keras.models.load_model(path, compile=False)
     except Exception as error:
-        raise ConfigError(f"cannot load {where}: {type(error).__name__}: {error}") from error
+        raise ConfigError(f"{where}: {type(error).__name__}: {error}") from error
+
+
+def _not_a_keras_file(path: Path) -> str | None:
+    """What ``path`` is when it is not a readable ``.keras`` archive; ``None`` when it
+    is one."""
+    if not path.exists():
+        return "there is no such file"
+    if path.is_dir():
+        saved_model = (path / "saved_model.pb").is_file()
+        return "it is a folder" + (
+            " (a SavedModel: load it with keras.layers.TFSMLayer and pass the model)"
+            if saved_model
+            else ""
+        )
+    if path.suffix != ".keras":
+        return f"it is a file with the suffix {path.suffix or '(none)'!r}"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (OSError, zipfile.BadZipFile) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        return f"it is not a readable zip archive ({reason})"
+    if "config.json" not in names:
+        return "the zip archive holds no config.json (it was not written by model.save)"
+    return None
