@@ -7,6 +7,7 @@ kinds. Registered by the built-in plugin; named on the command line through
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +58,7 @@ class FolderSource(DataSource):
 
     def load(self, seed: int, batch_size: int) -> DataSplit:
         import keras
+        import tensorflow as tf
 
         folder = Path(self.path)
         if not folder.exists():
@@ -85,15 +87,43 @@ class FolderSource(DataSource):
             )
         except ValueError as error:
             raise DataError(f"data source {self.label!r}: {error}") from None
-        scale, shift = SCALES[config.value_range]
+        try:
+            arrays = self._arrays(dataset, bool(classes))
+        except tf.errors.OpError:  # a file that is not an image: find which
+            raise self._unreadable(folder) from None
+        return split_arrays(arrays, self.config, seed, batch_size, self.label)
+
+    def _arrays(self, dataset, labelled: bool) -> dict[str, np.ndarray]:
+        """The decoded images (scaled to the ``value_range``) and their labels."""
+        scale, shift = SCALES[self.config.value_range]
         parts: dict[str, list[np.ndarray]] = {"x": [], "y": []}
         for batch in dataset.as_numpy_iterator():
-            pixels, labels = batch if classes else (batch, None)
+            pixels, labels = batch if labelled else (batch, None)
             parts["x"].append(pixels.astype(np.float32) * np.float32(scale) + np.float32(shift))
             if labels is not None:
                 parts["y"].append(labels.astype(np.int32))
-        arrays = {key: np.concatenate(value) for key, value in parts.items() if value}
-        return split_arrays(arrays, self.config, seed, batch_size, self.label)
+        return {key: np.concatenate(value) for key, value in parts.items() if value}
+
+    def _unreadable(self, folder: Path) -> DataError:
+        """The DataError naming the first file in ``folder`` that does not decode as an
+        image (each file read again, as Keras decodes it: only on this error path)."""
+        import tensorflow as tf
+
+        bad = []
+        for path in sorted(p for p in folder.rglob("*") if _is_image_file(p)):
+            try:
+                tf.io.decode_image(tf.io.read_file(str(path)), expand_animations=False)
+            except (tf.errors.OpError, ValueError) as error:
+                bad.append((path, _op_reason(error)))
+        if not bad:
+            return DataError(f"data source {self.label!r}: its images could not be read")
+        (path, reason), others = bad[0], len(bad) - 1
+        more = f" (and {others} more unreadable file(s))" if others else ""
+        return DataError(
+            f"data source {self.label!r}: the file {str(path)!r} is not a readable image "
+            f"({reason}){more}; every {' '.join(IMAGE_SUFFIXES)} file under the folder must "
+            "be a PNG, JPEG, BMP or GIF image: replace or remove it"
+        )
 
     def hint(self, missing: Sequence[str]) -> str:
         if "y" in missing:
@@ -101,8 +131,21 @@ class FolderSource(DataSource):
         return ""
 
 
+def _op_reason(error: Exception) -> str:
+    """TensorFlow's words for a failed op, without the function and op names around them:
+    ``Invalid PNG data, size 70``."""
+    text = " ".join((getattr(error, "message", None) or str(error)).split())
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text)
+
+
 def _images_in(folder: Path) -> bool:
-    return any(p.suffix.lower() in IMAGE_SUFFIXES for p in folder.rglob("*") if p.is_file())
+    return any(_is_image_file(p) for p in folder.rglob("*"))
+
+
+def _is_image_file(path: Path) -> bool:
+    """A file the folder source reads: one with an image suffix."""
+    return path.suffix.lower() in IMAGE_SUFFIXES and path.is_file()
 
 
 @attrs.frozen

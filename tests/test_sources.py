@@ -5,6 +5,7 @@ the test writes."""
 import importlib
 import json
 import math
+import shutil
 import sys
 import textwrap
 
@@ -215,6 +216,27 @@ def test_missing_files_and_columns_and_keys_are_data_errors(tmp_path, digits_csv
     code = _run(tmp_path, "supervised", "--data", f"npz:{tmp_path / 'a.npz'}", "--data-set",
                 "keys=x,y")  # fmt: skip
     assert "the file has no array(s) ['y']; it holds ['x']" in _error(capsys, code, 3)
+
+
+def test_a_file_in_a_folder_that_is_no_image_is_a_data_error_naming_it(
+    tmp_path, digits_folder, capsys
+):
+    folder = tmp_path / "images"
+    shutil.copytree(digits_folder[0], folder)
+    (folder / "3" / "notes.png").write_text("not an image")
+    png = (folder / "1" / sorted(p.name for p in (folder / "1").iterdir())[0]).read_bytes()
+    (folder / "7" / "cut.png").write_bytes(png[: len(png) // 2])
+    line = _error(capsys, _run(tmp_path, "supervised", "--data", f"folder:{folder}"), 3)
+    assert line == (
+        f"beatloop: error: data source 'folder:{folder}': the file "
+        f"'{folder / '3' / 'notes.png'}' is not a readable image (Unknown image file format. "
+        "One of JPEG, JPEG XL, PNG, GIF, BMP, WebP required.) (and 1 more unreadable "
+        "file(s)); every .png .jpg .jpeg .bmp .gif file under the folder must be a PNG, "
+        "JPEG, BMP or GIF image: replace or remove it"
+    )
+    (folder / "3" / "notes.png").unlink()
+    line = _error(capsys, _run(tmp_path, "supervised", "--data", f"folder:{folder}"), 3)
+    assert f"the file '{folder / '7' / 'cut.png'}' is not a readable image (" in line
 
 
 def test_unknown_kinds_and_bad_parameters_are_usage_errors(tmp_path, digits_csv, capsys):
