@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 

@@ -123,6 +123,9 @@ class Broken(beatloop.Recipe):
             models["model"](batch["x"], True)  # model call raises here
         if self.loss_fails == "helper":
             fail_in_a_helper(batch)
+        if self.loss_fails == "assert":
+            five = tf.constant(5, batch["y"].dtype)
+            tf.debugging.assert_less(batch["y"], five, message="labels < 5")  # assertion fails
         if self.loss_fails == "ours":
             raise beatloop.ConfigError("a beatloop error of the recipe's own")
         logits = models["model"](batch["x"])
@@ -173,6 +176,28 @@ def test_a_loss_failing_only_when_run_eagerly_is_reported_in_the_loss(digit_batc
     assert_reported(
         caught, "loss 'xent'", "# eager loss raises here", RuntimeError, "only when run"
     )
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_failed_assertion_in_a_loss_is_reported_in_the_loss(digit_batches, debug):
+    with pytest.raises(beatloop.UserCodeError) as caught:
+        beatloop.fit(Broken(loss_fails="assert"), data=digit_batches, debug=debug)
+    assert caught.value.exit_code == 2
+    function = "loss 'xent' of beat 'xent'" if debug else "loss 'xent'"
+    assert_reported(caught, function, "# assertion fails", tf.errors.InvalidArgumentError, "")
+    first = str(caught.value).splitlines()[0]
+    if debug:  # raised eagerly, by tf.debugging's own Python code
+        assert first.startswith(
+            f"recipe 'broken_test': {function} failed: InvalidArgumentError: labels < 5 "
+            "Condition x < y did not hold. First 3 elements of x: ["
+        ), first
+    else:  # read from the graph error: the Assert op was defined in the loss
+        assert first.startswith(
+            f"recipe 'broken_test': {function} failed: InvalidArgumentError: assertion "
+            "failed: [labels < 5] [Condition x < y did not hold element-wise:] [x ("
+        ), first
+        assert isinstance(caught.value.__cause__.__cause__, tf.errors.InvalidArgumentError)
+    assert 'tf.debugging.assert_less(batch["y"], five' in str(caught.value)
 
 
 def test_the_innermost_line_of_the_recipes_own_code_is_named(digit_batches):

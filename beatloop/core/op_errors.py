@@ -12,14 +12,15 @@ exception and line, when it has them) and any other op error a batch causes.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import re
 from collections.abc import Mapping
 
 import tensorflow as tf
 
 from beatloop.core.batches import batch_shapes
-from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError
-from beatloop.core.user_code import own_frame
+from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError, UserCodeError
+from beatloop.core.user_code import assertion_summary, called_as, own_frame
 
 #: A recipe's label keys: batch key -> (the config field giving its number of classes,
 #: that field's value). See ``beatloop.core.recipe.Recipe.label_classes``.
@@ -34,6 +35,12 @@ _INDEX_VALUE = re.compile(r"indices\[[^\]]*\] = (-?\d+) is not in \[0, (\d+)\)")
 _LABEL_OPS = re.compile(r"SparseSoftmaxCrossEntropyWithLogits")
 _PIPELINE = re.compile(r"\[\[(\{\{node )?IteratorGetNext")
 _PYTHON_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n([^\n]*)')
+# The op that failed and the Python frames that defined it, outermost first (a graph
+# error's own traceback, without code lines).
+_DEFINED_AT = re.compile(
+    r"Detected at node (\S+) defined at \(most recent call last\):\n(.*?)\n\n\S", re.S
+)
+_DEFINITION_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 @contextlib.contextmanager
@@ -47,6 +54,9 @@ def data_errors(role: str, label: str | None = None, classes: LabelClasses | Non
     except InputMismatchError as error:
         raise error.completed(recipe=label, data_set=role) from None
     except tf.errors.OpError as error:
+        failed = assertion_error(error, label)
+        if failed is not None:
+            raise failed from failed.original
         found = data_error(error, role, label, classes or {})
         if found is None:
             raise
@@ -72,6 +82,30 @@ def data_error(
             return None
     found.original = error
     return found
+
+
+def assertion_error(error: tf.errors.OpError, label: str | None) -> UserCodeError | None:
+    """A failed assertion (``tf.debugging.assert_*``, ``tf.debugging.Assert``) that the
+    recipe's own code defined, as the UserCodeError naming its function and line, read
+    from the op's definition traceback in TensorFlow's error; ``None`` for any other
+    error. The original is an ``InvalidArgumentError`` of the assertion's words, caused
+    by TensorFlow's error."""
+    message = error.message or str(error)
+    found = _DEFINED_AT.search(message + "\n\n.")
+    if found is None or "Assert" not in found[1].split("/"):
+        return None
+    frames = [(f, int(n), fn) for f, n, fn in _DEFINITION_FRAME.findall(found[2])]
+    called = called_as(frames)
+    if called is None:  # an assertion outside the recipe's code (a data pipeline's)
+        return None
+    what, inner = called
+    at = own_frame(
+        (file, line, function, linecache.getline(file, line).strip() or None)
+        for file, line, function in reversed(inner)
+    )
+    words = tf.errors.InvalidArgumentError(None, None, assertion_summary(message))
+    words.__cause__ = error
+    return UserCodeError(what, words, at=at, recipe=label)
 
 
 def label_error(

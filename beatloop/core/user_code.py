@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -74,11 +75,14 @@ _USER_CODE = autograph_converter.ConversionOptions(
 
 def reported(error: Exception, function: str, beat: str | None) -> Exception:
     """The exception to raise for ``error``: itself when it passes through, the data
-    mismatch it carries (naming the recipe's line), else a UserCodeError caused by it."""
+    mismatch it carries (naming the recipe's line), else a UserCodeError caused by it
+    (a failed eager ``tf.debugging`` assertion too: the recipe's own check)."""
     if isinstance(error, MismatchFound):
         mismatch = error.error.completed(at=user_frame(error))
         mismatch.__suppress_context__ = True
         return mismatch
+    if _eager_assertion(error):
+        return UserCodeError(function, error, beat=beat, at=user_frame(error))
     if passes_through(error):
         return error
     return UserCodeError(function, error, beat=beat, at=user_frame(error))
@@ -88,6 +92,51 @@ def passes_through(error: Exception) -> bool:
     """beatloop's own errors, and TensorFlow op errors (the data, found when a step
     runs: the engine reports those as data errors)."""
     return isinstance(error, BeatloopError | tf.errors.OpError)
+
+
+#: The files whose eager code raises a failed ``tf.debugging`` assertion.
+_ASSERTIONS = ("check_ops.py", "control_flow_assert.py")
+#: What the recipe's function is, by the beatloop function that called ``call_user``.
+_CALLERS = {"forward": "loss", "loss_of_outputs": "loss", "shared_forward": "forward"}
+
+
+def _eager_assertion(error: Exception) -> bool:
+    """Whether ``error`` is a ``tf.debugging`` assertion that failed eagerly (debug mode,
+    or the zero batch lazily built models are built on)."""
+    if not isinstance(error, tf.errors.InvalidArgumentError):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(os.path.basename(frame.filename) in _ASSERTIONS for frame in frames)
+
+
+def called_as(
+    frames: list[tuple[str, int, str]],
+) -> tuple[str, list[tuple[str, int, str]]] | None:
+    """For the frames (``(file, line, function)``, outermost first) that defined an op:
+    ``("loss 'name'", frames inside it)`` when the op was made in a recipe's function
+    that ``call_user`` called (a loss, forward or metric update); ``None`` when it was
+    made elsewhere."""
+    here = os.path.normcase(os.path.abspath(__file__))
+    calls = [
+        index
+        for index, (file, _, function) in enumerate(frames)
+        if function == "call_user" and os.path.normcase(os.path.abspath(file)) == here
+    ]
+    if not calls or calls[-1] + 1 >= len(frames):
+        return None
+    index = calls[-1]
+    caller = frames[index - 1][2] if index else ""
+    what = _CALLERS.get(caller, "metric update" if caller.endswith("step") else "function")
+    return f"{what} {frames[index + 1][2]!r}", frames[index + 1 :]
+
+
+def assertion_summary(message: str) -> str:
+    """A failed graph assertion's own words, without TensorFlow's traceback and op names:
+    ``assertion failed: [labels must be < 5] [Condition x < y did not hold ...]``."""
+    last = message.strip().split("\n\n")[-1]
+    last = re.sub(r"\s*\[\[.*?\]\]", "", last, flags=re.S)
+    last = re.sub(r"\s*\[Op:[^\]]*\].*$", "", last, flags=re.S)
+    return " ".join(last.split())
 
 
 @contextlib.contextmanager
