@@ -12,6 +12,7 @@ from tensorflow.python.framework import config as tf_config
 
 import beatloop
 from beatloop import DataError, InputMismatchError, LabelRangeError, UserCodeError
+from beatloop.core.op_errors import data_errors, largest_label
 from beatloop.recipes.supervised import Supervised
 
 
@@ -225,6 +226,33 @@ def test_a_label_out_of_range_names_the_label_the_key_and_the_classes(
     )
     fix = "fix the labels or set classes (--set classes=16)"
     assert str(error) == head + (fix if label > 0 else "class labels count from 0: fix the labels")
+
+
+LABEL = "recipe 'supervised'"
+
+
+def test_the_advice_on_a_label_out_of_range_covers_the_whole_datas_largest_label(label_wording):
+    # The first batch's bad label is 3, a later one holds 8: the advice asks for 9 classes,
+    # so following it once is enough (3 -> 4 would fail again at 7, then at 8).
+    labels = tf.constant([0, 1, 3, 2, 1, 7, 0, 2, 8, 1, 0, 2], tf.int32)
+    data = tf.data.Dataset.from_tensor_slices({"y": labels}).batch(4)
+    step = tf.function(  # compiled, as the engine's step: TensorFlow names the op
+        lambda y: tf.nn.sparse_softmax_cross_entropy_with_logits(y, tf.zeros([tf.shape(y)[0], 3]))
+    )
+    classes = {"y": ("classes", 3)}
+    with pytest.raises(LabelRangeError) as caught, data_errors("training", LABEL, classes, data):
+        for batch in data:
+            step(batch["y"])
+    error = caught.value
+    assert (error.label, error.largest, error.exit_code) == (3, 8, 3)
+    assert isinstance(error.original, tf.errors.InvalidArgumentError)
+    assert str(error) == (
+        "recipe 'supervised': the training data has label 3 in 'y', outside [0, 3) — the "
+        "config field classes is 3; its largest label is 8; fix the labels or set classes "
+        "(--set classes=9)"
+    )
+    assert largest_label(data.repeat(), ["y", "absent"]) == 8  # bounded on endless data
+    assert largest_label(tf.data.Dataset.from_tensors({"x": [1.0]}), ["y"]) is None
 
 
 def test_a_label_beyond_a_supplied_models_classes_names_both(small_digits):

@@ -143,8 +143,10 @@ class LabelRangeError(DataError):
     Attributes: ``label`` (the value TensorFlow reported), ``limit`` (the number of
     classes the loss had: labels must lie in ``[0, limit)``), ``keys`` (the batch keys it
     can be in: the recipe's label keys with that many classes), ``field`` and ``classes``
-    (the config field giving their number of classes, and its value), ``data_set``,
-    ``recipe`` and ``original`` (TensorFlow's error).
+    (the config field giving their number of classes, and its value), ``largest`` (the
+    largest label in those keys over the whole data set, when it was read: the number of
+    classes the advice asks for is one more), ``data_set``, ``recipe`` and ``original``
+    (TensorFlow's error).
     """
 
     def __init__(
@@ -155,16 +157,21 @@ class LabelRangeError(DataError):
         keys: tuple[str, ...] = (),
         field: str | None = None,
         classes: object = None,
+        largest: int | None = None,
         data_set: str = "training",
         recipe: str | None = None,
         original: BaseException | None = None,
     ):
         self.label, self.limit, self.keys = label, limit, keys
-        self.field, self.classes = field, classes
+        self.field, self.classes, self.largest = field, classes, largest
         self.data_set, self.recipe, self.original = data_set, recipe, original
-        head = f"{recipe}: " if recipe else ""
-        where = f" in {' or '.join(repr(k) for k in keys)}" if keys else ""
-        message = f"{head}the {data_set} data has label {label}{where}, outside [0, {limit})"
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        label, limit, field, classes = self.label, self.limit, self.field, self.classes
+        head = f"{self.recipe}: " if self.recipe else ""
+        where = f" in {' or '.join(repr(k) for k in self.keys)}" if self.keys else ""
+        message = f"{head}the {self.data_set} data has label {label}{where}, outside [0, {limit})"
         counted = isinstance(classes, int) and not isinstance(classes, bool)
         if field is not None and counted:
             message += f" — the config field {field} is {classes}"
@@ -172,17 +179,20 @@ class LabelRangeError(DataError):
                 message += f", but the model gives {limit} classes"
         elif field is not None:
             message += f" — its classes come from the config field {field}, which is {classes!r}"
+        needed = max(label, self.largest if self.largest is not None else label) + 1
+        if self.largest is not None and self.largest > label:
+            message += f"; its largest label is {self.largest}"
         if label < 0:
             message += "; class labels count from 0: fix the labels"
         elif field is not None and counted and classes == limit:
-            message += f"; fix the labels or set {field} (--set {field}={label + 1})"
+            message += f"; fix the labels or set {field} (--set {field}={needed})"
         elif field is not None and counted:
             message += "; fix the labels or the model"
         elif field is not None:
             message += f"; fix the labels or change {field}"
         else:
             message += "; fix the labels or the number of classes"
-        super().__init__(message)
+        return message
 
 
 def _shape_text(shape: tuple) -> str:

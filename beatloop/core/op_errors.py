@@ -43,12 +43,24 @@ _DEFINED_AT = re.compile(
 _DEFINITION_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
+#: The most batches ``largest_label`` reads (a data set that repeats has no end).
+LABEL_SCAN_BATCHES = 100_000
+
+
 @contextlib.contextmanager
-def data_errors(role: str, label: str | None = None, classes: LabelClasses | None = None):
+def data_errors(
+    role: str,
+    label: str | None = None,
+    classes: LabelClasses | None = None,
+    data: tf.data.Dataset | None = None,
+):
     """Errors the ``role`` data set (training, validation) causes, as one readable
     DataError naming it and the recipe ``label``: a model input that does not fit, a
-    class label out of range (``classes``: the recipe's label keys), an exception in
-    the data pipeline, another op error in a step. Other errors pass unchanged."""
+    class label out of range (``classes``: the recipe's label keys; with ``data``, that
+    data set, its largest label read once, on the host, so the advice covers every
+    label), an exception in the data pipeline, another op error in a step; a failed
+    assertion of the recipe's own code becomes a UserCodeError. Other errors pass
+    unchanged."""
     try:
         yield
     except InputMismatchError as error:
@@ -60,7 +72,40 @@ def data_errors(role: str, label: str | None = None, classes: LabelClasses | Non
         found = data_error(error, role, label, classes or {})
         if found is None:
             raise
+        if isinstance(found, LabelRangeError) and data is not None:
+            found = with_largest(found, largest_label(data, found.keys))
         raise found from None
+
+
+def with_largest(error: LabelRangeError, largest: int | None) -> LabelRangeError:
+    """``error`` advising from the whole data's ``largest`` label."""
+    if largest is None:
+        return error
+    completed = LabelRangeError(
+        error.label, error.limit, keys=error.keys, field=error.field, classes=error.classes,
+        largest=largest, data_set=error.data_set, recipe=error.recipe,
+    )  # fmt: skip
+    completed.original = error.original
+    return completed
+
+
+def largest_label(data: tf.data.Dataset, keys) -> int | None:
+    """The largest value of the batch ``keys`` over ``data`` (dict batches; at most
+    ``LABEL_SCAN_BATCHES`` of them), read in one pass on the host; ``None`` when no
+    batch holds one of them."""
+    spec = data.element_spec
+    keys = [key for key in keys if isinstance(spec, Mapping) and key in spec]
+    keys = [key for key in keys if spec[key].dtype.is_integer]
+    if not keys:
+        return None
+    lowest = tf.constant(tf.int64.min, tf.int64)
+
+    def larger(largest, batch):
+        values = [tf.reduce_max(tf.cast(batch[key], tf.int64)) for key in keys]
+        return tf.reduce_max(tf.stack([largest, *values]))
+
+    largest = int(data.take(LABEL_SCAN_BATCHES).reduce(lowest, larger))
+    return None if largest == tf.int64.min else largest
 
 
 def data_error(
