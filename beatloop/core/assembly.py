@@ -27,6 +27,7 @@ from beatloop.core.errors import (
 )
 from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
+from beatloop.core.loss_watch import loss_watches
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, failure_message
@@ -117,7 +118,7 @@ def assemble(
         validation_metrics=validation_metrics,
         train_loop=train_loop,
         validation_loop=validation_loop,
-        callbacks=tuple(recipe_callbacks(recipe)),
+        callbacks=(*recipe_callbacks(recipe), *loss_watches(bound.beats, options.divergence)),
         record=RunRecord.of(recipe, bound, spec, seed, options.precision),
         divergence=divergence,
         validation_random=validation_random,

@@ -315,6 +315,12 @@ class ResumeWarning(UserWarning):
     ops instead of ``models.random``."""
 
 
+class RunawayLossWarning(RuntimeWarning):
+    """A beat's epoch loss that ran away (not finite, or over a million times its first
+    value) in a run whose divergence guard is off: shown once per run, at the epoch's
+    end; ``divergence=`` (``--divergence``) stops such a run instead."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) stopped a run after it saved a checkpoint to resume from."""
 

@@ -181,3 +181,28 @@ class DivergenceGuard:
         if bool(self.diverged(tf.reshape(loss, [1]), median)[0]):  # the compiled test's ops
             words = diverged_words(beat, float(loss), float(median[0]), self.factor)
             raise NumericsError(f"{words} at step {int(step) + 1}")
+
+
+#: How many times its first value a beat's epoch loss may grow before the run is warned
+#: that it ran away (with the divergence guard off); a first value below 1 counts as 1.
+RUNAWAY_FACTOR = 1e6
+
+
+def runaway_words(beat: str, epoch: int, loss: float, first: float | None) -> str | None:
+    """The one-line warning for beat ``beat``'s ``loss`` logged at the end of epoch
+    ``epoch`` (from 0) when it ran away: not finite, or ``|loss|`` above
+    ``RUNAWAY_FACTOR`` times ``max(|first|, 1)`` (``first``: its first value in this
+    run); ``None`` when it did not."""
+    if math.isfinite(loss):
+        if first is None or not math.isfinite(first):
+            return None
+        if abs(loss) <= RUNAWAY_FACTOR * max(abs(first), 1.0):
+            return None
+        how = f"{loss:.4g}, over {RUNAWAY_FACTOR:g} times its first value {first:.4g}"
+    else:
+        how = f"{loss}, not finite"
+    return (
+        f"the loss of beat {beat!r} ran away in epoch {epoch + 1}: {how}; the run went on "
+        "because the divergence guard is off: pass divergence=10 (--divergence 10) to stop "
+        "a run whose loss runs away (a learning rate too high, say)"
+    )
