@@ -445,9 +445,14 @@ def test_a_nan_exits_4_and_rollback_warnings_are_one_line(tmp_path, capsys):
 
 def test_divergence_exits_4_naming_the_beat_value_and_median(tmp_path, capsys):
     blown_up = ["run", "supervised", "--set", "learning_rate=1e9", *TINY]
-    code, out, _ = cli([*blown_up, "--run-dir", tmp_path / "free"], capsys)
-    assert code == 0  # without the guard the run "succeeds" with a blown-up loss
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a user's terminal shows them
+        code, out, err = cli([*blown_up, "--run-dir", tmp_path / "free"], capsys)
+    assert code == 0  # without the guard the run goes on with a blown-up loss, but says so
     assert float(re.search(r" loss (\S+)", out).group(1)) > 1e6
+    (warned,) = err.strip().splitlines()
+    assert warned.startswith("beatloop: warning: the loss of beat 'loss' ran away in epoch 1: ")
+    assert "pass divergence=10 (--divergence 10) to stop a run whose loss runs away" in warned
     guarded = [*blown_up, "--run-dir", tmp_path / "guarded", "--divergence", "10"]
     code, _, err = cli(guarded, capsys)
     assert code == 4

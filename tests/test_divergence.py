@@ -29,7 +29,7 @@ from helpers import (
 import beatloop
 from beatloop import Engine, EngineOptions
 from beatloop.core.batches import as_data_split
-from beatloop.core.errors import ConfigError, NumericsError
+from beatloop.core.errors import ConfigError, NumericsError, RunawayLossWarning
 from beatloop.core.numerics import DivergenceGuard
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -170,7 +170,8 @@ def test_a_runaway_learning_rate_diverges_at_its_second_step(small_digits):
     data = (dict_batches(small_digits[0], 32), dict_batches(small_digits[1], 32))
     losses = LastLosses()
     config = {"learning_rate": 1e9}
-    off = beatloop.fit("supervised", data=data, config=config, seed=0, callbacks=[losses])
+    with pytest.warns(RunawayLossWarning, match="ran away in epoch 1"):  # the guard is off
+        off = beatloop.fit("supervised", data=data, config=config, seed=0, callbacks=[losses])
     first, second = losses.values["loss"][:2]
     assert off.history["loss"][0] > 1e15
     message = caught(lambda: beatloop.fit("supervised", data=data, config=config, seed=0,
