@@ -32,6 +32,7 @@ from beatloop.core.recipe import Recipe, defines
 from beatloop.core.record import update_run_json, write_run_json
 from beatloop.core.result import FitResult
 from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir
+from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 from beatloop.sources import NamedData
@@ -128,6 +129,7 @@ def fit(
         check_run_dir(run_path)  # before anything is built or written
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
+    warn_ignored_settings(recipe, data=data, models=models)
     seed = _seed_everything(seed, run_path)
     source = data.to_json() if isinstance(data, NamedData) else None
     if callable(data):  # made once the recipe and the seed are known (--data)

@@ -22,6 +22,7 @@ import attrs
 from beatloop.core.batches import DataSplit
 from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, DataError
+from beatloop.ignored_settings import changed_settings, warn
 from beatloop.source_base import DataSource, SourceConfig
 from beatloop.source_kinds import CsvSource, FolderSource, NpzSource, split_arrays
 
@@ -109,9 +110,14 @@ def load_data(
 
     ``validation`` (``--validation-data``) names a second source, read with the same
     settings, used whole and unshuffled as the validation data (the first source's
-    ``validation_fraction`` must then be 0). Batches lacking keys the recipe's
-    ``batch_keys`` needs are refused with a ``DataError`` naming both."""
-    train_source = make_source(source, settings, recipe)
+    ``validation_fraction`` must then be 0). The recipe's own ``validation_fraction``,
+    when set (``--set validation_fraction=0.3``), holds out that share of a source that
+    has the parameter and is not given it; where it cannot, an ``IgnoredSettingWarning``
+    says why. Batches lacking keys the recipe's ``batch_keys`` needs are refused with a
+    ``DataError`` naming both."""
+    train_source = _with_recipe_fraction(
+        make_source(source, settings, recipe), settings, recipe, validation
+    )
     size = batch_size_for(train_source, recipe)
     split = train_source.load(seed, size)
     _check_keys(split, train_source, recipe, "training")
@@ -123,6 +129,33 @@ def load_data(
             f"out validation_fraction={train_source.config.validation_fraction}; use one"
         )
     return DataSplit(split.train, load_whole(validation, settings, recipe=recipe, seed=seed))
+
+
+def _with_recipe_fraction(
+    source: DataSource, settings, recipe: Any, validation: str | None
+) -> DataSource:
+    """``source`` holding out the recipe's ``validation_fraction`` when the user set it
+    (it differs from its default) and the source can; otherwise, with it set, a warning
+    naming why it has no effect."""
+    fraction = changed_settings(recipe).get("validation_fraction") if recipe else None
+    if fraction is None:
+        return source
+    setting = f"--set validation_fraction={fraction}"
+    given = settings if isinstance(settings, Mapping) else [s.partition("=")[0] for s in settings]
+    fields = {field.name for field in attrs.fields(type(source.config))}
+    if validation is not None:
+        warn(f"{setting} has no effect: --validation-data {validation} gives the validation data")
+    elif "validation_fraction" not in fields:
+        warn(
+            f"{setting} has no effect: data source kind {source.name!r} holds out no "
+            "validation data (it has no validation_fraction parameter); pass --validation-data"
+        )
+    elif "validation_fraction" in {name.strip() for name in given}:
+        held = source.config.validation_fraction
+        warn(f"{setting} has no effect: --data-set validation_fraction={held} is the source's")
+    else:
+        return type(source)(source.path, attrs.evolve(source.config, validation_fraction=fraction))
+    return source
 
 
 def load_whole(

@@ -6,10 +6,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from helpers import tuple_batches
+import tensorflow as tf
+from helpers import classifier, tuple_batches
 
 import beatloop
-from beatloop.core.errors import RunawayLossWarning
+from beatloop.core.errors import IgnoredSettingWarning, RunawayLossWarning
+from beatloop.sources import load_data
 
 
 def _fit_warnings(**options) -> list[str]:
@@ -49,3 +51,75 @@ def test_the_runaway_rule():
         "the loss of beat 'd' ran away in epoch 1: -2e+06, over 1e+06 times its first value 0.001"
     )
     assert runaway_words("d", 0, 2e13, 3e7) is None  # large from the start: its own scale
+
+
+# --- settings that have no effect ------------------------------------------------------------
+
+
+def _ignored(run) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run()
+    return result, [str(w.message) for w in caught if w.category is IgnoredSettingWarning]
+
+
+def test_validation_fraction_with_data_given_is_named_as_having_no_effect(small_digits):
+    data = tuple_batches(small_digits[0], 50)
+    config = {"validation_fraction": 0.3}
+    result, (message,) = _ignored(lambda: beatloop.fit("supervised", data=data, config=config))
+    assert message == (
+        "config validation_fraction=0.3 (--set validation_fraction=0.3) has no effect: it "
+        "holds out part of recipe 'supervised''s built-in data, and data= is given; pass "
+        "validation data in data= (a (train, validation) pair or a DataSplit)"
+    )
+    assert "val_loss" not in result.history
+
+
+def test_a_config_field_only_build_models_reads_is_named_when_models_are_given(small_digits):
+    data = tuple_batches(small_digits[0], 50)
+    config = {"hidden": 128, "dropout": 0.1, "learning_rate": 0.01, "classes": 10}
+    _, messages = _ignored(
+        lambda: beatloop.fit("supervised", data=data, config=config, models={"model": classifier()})
+    )
+    assert messages == [
+        f"config {name} (--set {name.partition('=')[0]}=...) has no effect: only recipe "
+        "'supervised''s build_models reads it, and models= gives every model the recipe "
+        "uses (model); build the models you pass with it instead"
+        for name in ("dropout=0.1", "hidden=128")
+    ]  # learning_rate goes to the optimizer; classes names the labels' classes
+    _, messages = _ignored(lambda: beatloop.fit("supervised", data=data, config=config))
+    assert messages == []
+
+
+@pytest.fixture
+def digits_csv(tmp_path, small_digits):
+    train, _ = small_digits
+    path = tmp_path / "digits.csv"
+    rows = [",".join([*map(str, x), str(y)]) for x, y in zip(train["x"], train["y"], strict=True)]
+    header = ",".join([*(f"p{i}" for i in range(64)), "digit"])
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return f"csv:{path}"
+
+
+def test_the_recipes_validation_fraction_holds_out_part_of_a_source(digits_csv):
+    recipe = beatloop.make_recipe("supervised", {"validation_fraction": 0.25})
+    split, messages = _ignored(
+        lambda: load_data(digits_csv, ["label=digit"], recipe=recipe, seed=0)
+    )
+    assert messages == []
+    assert sum(int(tf.shape(b["y"])[0]) for b in split.validation) == 50  # 0.25 of 200
+    own = ["label=digit", "validation_fraction=0.1"]
+    split, messages = _ignored(lambda: load_data(digits_csv, own, recipe=recipe, seed=0))
+    assert messages == [
+        "--set validation_fraction=0.25 has no effect: --data-set validation_fraction=0.1 is "
+        "the source's"
+    ]
+    assert sum(int(tf.shape(b["y"])[0]) for b in split.validation) == 20
+    given = ["label=digit"]
+    _, messages = _ignored(
+        lambda: load_data(digits_csv, given, recipe=recipe, seed=0, validation=digits_csv)
+    )
+    assert messages == [
+        f"--set validation_fraction=0.25 has no effect: --validation-data {digits_csv} gives "
+        "the validation data"
+    ]

@@ -315,6 +315,12 @@ class ResumeWarning(UserWarning):
     ops instead of ``models.random``."""
 
 
+class IgnoredSettingWarning(UserWarning):
+    """A setting a run is given that has no effect on it (the recipe's
+    ``validation_fraction`` with ``data=``, a config field only ``build_models`` reads
+    when ``models=`` gives every model): named, with why and what to do instead."""
+
+
 class RunawayLossWarning(RuntimeWarning):
     """A beat's epoch loss that ran away (not finite, or over a million times its first
     value) in a run whose divergence guard is off: shown once per run, at the epoch's
