@@ -51,6 +51,10 @@ EVENTS = (
     "validation_end",
     "exception",
 )
+"""Every event a callback can react to (``beatloop.Run`` is what each gets first): a callback
+overrides ``on_<event>`` for those it wants (``on_epoch_end(run, epoch, logs)``, ...),
+and a method ``on_...`` naming no event is refused when its class is defined."""
+
 #: Events a filter can count: epochs for these, steps for ``execution_end``.
 EPOCH_EVENTS = ("epoch_start", "epoch_end", "validation_start", "validation_end")
 FILTERABLE = (*EPOCH_EVENTS, "execution_end")

@@ -11,7 +11,13 @@ ENTRY_POINT_GROUP = PROJECT
 DISABLE_AUTOLOAD = "BEATLOOP_DISABLE_PLUGIN_AUTOLOAD"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
+"""Marks the hook specifications below (beatloop's own; plugins do not use it)."""
+
 hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Marks a plugin's hook implementations: decorate a module-level function named as one of
+the hooks below (``@beatloop.hookimpl`` over ``def register_recipes(): ...``) in the module
+the plugin's ``beatloop`` entry point names. A marked function whose name or arguments
+match no hook is refused when the plugin loads."""
 
 
 @hookspec
