@@ -259,9 +259,13 @@ def test_data_that_does_not_fit_the_model_exits_3_and_changes_nothing(tmp_path, 
     narrow.save(tmp_path / "narrow.keras")
     run_dir = tmp_path / "run"
     argv = ["run", "supervised", "--model", f"model={tmp_path / 'narrow.keras'}"]
-    code, _, err = cli([*argv, "--run-dir", run_dir, *TINY], capsys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a user's terminal shows them
+        code, _, err = cli([*argv, "--run-dir", run_dir, *TINY], capsys)
     assert code == 3, err
-    assert err.startswith("beatloop: error: ") and "Traceback" not in err
+    warned, error = err.strip().splitlines()
+    assert warned.startswith("beatloop: warning: config hidden=8 (--set hidden=...) has no ")
+    assert error.startswith("beatloop: error: ") and "Traceback" not in err
     assert "(None, 32)" in err and "(None, 64)" in err and "model 'model'" in err
     assert snapshot(run_dir) is None
 
