@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import warnings
 
+import attrs
+import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import classifier, tuple_batches
 
 import beatloop
+from beatloop.core.batches import DataSplit
 from beatloop.core.errors import IgnoredSettingWarning, RunawayLossWarning
-from beatloop.sources import load_data
+from beatloop.plugins import registry as registry_module
+from beatloop.plugins.registry import Registry
+from beatloop.sources import DataSource, load_data
 
 
 def _fit_warnings(**options) -> list[str]:
@@ -122,4 +127,33 @@ def test_the_recipes_validation_fraction_holds_out_part_of_a_source(digits_csv):
     assert messages == [
         f"--set validation_fraction=0.25 has no effect: --validation-data {digits_csv} gives "
         "the validation data"
+    ]
+
+
+@attrs.frozen
+class _BareConfig:
+    """No parameters at all: no validation_fraction."""
+
+
+class _Bare(DataSource):
+    """A source kind that holds out nothing (test kind)."""
+
+    name = "bare"
+    Config = _BareConfig
+
+    def load(self, seed, batch_size):
+        rows = {"x": np.zeros((8, 64), np.float32), "y": np.zeros(8, np.int32)}
+        return DataSplit(tf.data.Dataset.from_tensor_slices(rows).batch(batch_size))
+
+
+def test_a_source_kind_without_validation_fraction_says_the_recipes_has_no_effect(monkeypatch):
+    registry = Registry(load_entry_points=False)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    registry.register_source(_Bare)
+    recipe = beatloop.make_recipe("supervised", {"validation_fraction": 0.25})
+    split, messages = _ignored(lambda: load_data("bare:-", [], recipe=recipe, seed=0))
+    assert split.validation is None
+    assert messages == [
+        "--set validation_fraction=0.25 has no effect: data source kind 'bare' holds out no "
+        "validation data (it has no validation_fraction parameter); pass --validation-data"
     ]
