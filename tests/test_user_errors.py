@@ -137,7 +137,9 @@ class Broken(beatloop.Recipe):
         return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
 
     def update_metrics(self, metrics, batch, outputs):
-        if self.metrics_fail:
+        if self.metrics_fail == "assert":
+            tf.debugging.assert_negative(batch["y"], message="no")  # metric assertion fails
+        elif self.metrics_fail:
             outputs["xent"]["logits"]  # metric update raises here
         metrics["accuracy"].update_state(batch["y"], tf.zeros([tf.shape(batch["y"])[0], 10]))
 
@@ -198,6 +200,15 @@ def test_a_failed_assertion_in_a_loss_is_reported_in_the_loss(digit_batches, deb
         ), first
         assert isinstance(caught.value.__cause__.__cause__, tf.errors.InvalidArgumentError)
     assert 'tf.debugging.assert_less(batch["y"], five' in str(caught.value)
+
+
+def test_a_failed_assertion_in_a_metric_update_is_reported_in_it(digit_batches):
+    with pytest.raises(beatloop.UserCodeError) as caught:
+        beatloop.fit(Broken(metrics_fail="assert"), data=digit_batches)
+    function = "metric update 'update_metrics'"
+    assert_reported(
+        caught, function, "# metric assertion fails", tf.errors.InvalidArgumentError, ""
+    )
 
 
 def test_the_innermost_line_of_the_recipes_own_code_is_named(digit_batches):

@@ -97,7 +97,12 @@ def passes_through(error: Exception) -> bool:
 #: The files whose eager code raises a failed ``tf.debugging`` assertion.
 _ASSERTIONS = ("check_ops.py", "control_flow_assert.py")
 #: What the recipe's function is, by the beatloop function that called ``call_user``.
-_CALLERS = {"forward": "loss", "loss_of_outputs": "loss", "shared_forward": "forward"}
+_CALLERS = {
+    "forward": "loss",
+    "loss_of_outputs": "loss",
+    "shared_forward": "forward",
+    "on_replica": "metric update",
+}
 
 
 def _eager_assertion(error: Exception) -> bool:
@@ -126,7 +131,7 @@ def called_as(
         return None
     index = calls[-1]
     caller = frames[index - 1][2] if index else ""
-    what = _CALLERS.get(caller, "metric update" if caller.endswith("step") else "function")
+    what = _CALLERS.get(caller, "function")
     return f"{what} {frames[index + 1][2]!r}", frames[index + 1 :]
 
 
