@@ -129,7 +129,7 @@ def fit(
         check_run_dir(run_path)  # before anything is built or written
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
-    warn_ignored_settings(recipe, data=data, models=models)
+    warn_ignored_settings(recipe, config, data=data, models=models)
     seed = _seed_everything(seed, run_path)
     source = data.to_json() if isinstance(data, NamedData) else None
     if callable(data):  # made once the recipe and the seed are known (--data)

@@ -2,7 +2,8 @@
 starts: the recipe's ``validation_fraction`` when ``data=`` is given, and config fields
 only ``build_models`` reads when ``models=`` gives every model the recipe uses.
 
-A setting counts as given when its value differs from its field's default. Which
+A setting counts as given to ``fit`` when its ``config=`` (``--set``) names it; for a
+``--data`` source (``beatloop.sources``), when its value differs from its default. Which
 fields ``build_models`` alone reads is read from the recipe class's source
 (``self.config.NAME`` in ``build_models`` and the methods only it calls, against every
 other method and the fields ``label_classes()`` names); a class whose source cannot be
@@ -45,9 +46,14 @@ def warn(message: str) -> None:
     warnings.warn(message, IgnoredSettingWarning, stacklevel=3)
 
 
-def warn_ignored_settings(recipe: Recipe, *, data: object, models: Mapping | None) -> None:
-    """Warn of each setting of ``recipe`` that ``fit(data=..., models=...)`` ignores."""
-    changed = changed_settings(recipe)
+def warn_ignored_settings(
+    recipe: Recipe, config: Mapping[str, Any] | None, *, data: object, models: Mapping | None
+) -> None:
+    """Warn of each field of ``config`` (``fit``'s overrides of ``recipe``'s config: what
+    the call itself sets) that ``fit(data=..., models=...)`` ignores. A recipe configured
+    before the call (its models perhaps built with its own ``build_models``) is not
+    judged."""
+    changed = {name: getattr(recipe.config, name) for name in config or {}}
     label = f"recipe {recipe.name!r}"
     fraction = changed.get("validation_fraction")
     if fraction is not None and data is not None and not callable(data):
