@@ -48,16 +48,16 @@ def check_out(out: Path) -> None:
 
     advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT)"
     if out.exists() and not out.is_dir():
-        raise RunDirError(f"export to {out}: it is a file, not a folder; {advice}")
+        raise RunDirError(f"export OUT {out} is a file, not a folder: {advice}")
     existing = next(folder for folder in [out, *out.parents] if folder.exists())
     if not existing.is_dir():
         raise RunDirError(
-            f"export to {out}: it cannot be created, {existing} is a file, not a folder; {advice}"
+            f"export OUT {out} cannot be created: {existing} is a file, not a folder; {advice}"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunDirError(
-            f"export to {out}: {existing} is not writable (read-only, or owned by another "
-            f"user); make it writable, or {advice}"
+            f"export OUT {out} cannot be written: {existing} is not writable (read-only, or "
+            f"owned by another user); make it writable, or {advice}"
         )
 
 
