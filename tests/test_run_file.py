@@ -156,7 +156,8 @@ def test_a_run_json_of_another_recipe_is_one_short_line(tmp_path, capsys):
         f"beatloop: error: {tmp_path / 'g' / 'run.json'} is a run of recipe 'gan', not "
         "'supervised': run it without naming a recipe (beatloop run --config "
     )
-    assert len(err) < 300 and err.count("fields") == 0
+    assert len(err.replace(str(tmp_path / "g" / "run.json"), "g/run.json")) < 200, err
+    assert "fields" not in err
     assert not (tmp_path / "r").exists()
 
 
