@@ -179,7 +179,16 @@ def test_advice_reaches_the_command_line_in_its_spelling(bare_recipes, tmp_path,
     line = one_error_line(capsys.readouterr().err)
     assert "build_models): pass --model NAME=PATH.keras (models={...} in Python) for each " in line
     assert line.endswith("for each of: model")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    for flag, value in (
+        ("--checkpoint-every", "0"),
+        ("--divergence-window", "0"),
+        ("--seed", "-1"),
+    ):
+        assert main(["run", "supervised", flag, value, "--run-dir", str(tmp_path / "c")]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        python = flag[2:].replace("-", "_")
+        assert re.match(rf"beatloop: error: {flag}: .*\b{python}\b'? must ", line), line
+    assert not any((tmp_path / name).exists() for name in "abc")
 
 
 def string_literals(node: ast.AST) -> list[str]:

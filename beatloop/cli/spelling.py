@@ -28,8 +28,19 @@ CLI_SPELLINGS = (
 )
 
 
+#: ``fit``'s keywords that are ``run``'s flags, as errors about their values begin.
+FLAG_VALUE = re.compile(
+    r"^(?:invalid engine option: )?'?(epochs|seed|checkpoint_every|max_to_keep|max_rollbacks"
+    r"|divergence|divergence_window|steps_per_execution)'? must "
+)
+
+
 def for_command_line(message: str) -> str:
-    """``message`` with its Python advice in the command line's spelling."""
+    """``message`` with its Python advice in the command line's spelling, and an error
+    about a value ``run`` takes as a flag headed by that flag."""
     for pattern, replacement in CLI_SPELLINGS:
         message = pattern.sub(replacement, message)
+    flag = FLAG_VALUE.match(message)
+    if flag:
+        message = f"--{flag[1].replace('_', '-')}: {message}"
     return message
