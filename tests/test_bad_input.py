@@ -307,12 +307,12 @@ def test_a_deleted_checkpoint_index_is_rebuilt_and_max_to_keep_holds(trained_run
 
 
 def test_an_unexpected_error_exits_1_with_its_traceback(capsys, monkeypatch):
-    import beatloop.cli
+    import beatloop.cli.cmd_list
 
     def broken(args):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(beatloop.cli, "_list", broken)
+    monkeypatch.setattr(beatloop.cli.cmd_list, "run", broken)
     code, _, err = cli(["list"], capsys)
     assert code == 1
     assert "Traceback" in err and "ZeroDivisionError: a bug" in err
