@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import attrs
 import keras
 import numpy as np
 import pytest
@@ -24,6 +25,18 @@ from beatloop.terminal import START_UP_NOISE
 def test_unknown_config_field_names_the_closest():
     with pytest.raises(ConfigError, match=r"no config field 'hiden' \(did you mean 'hidden'\?\)"):
         beatloop.fit("supervised", config={"hiden": 8})
+
+
+def test_several_unknown_config_fields_list_the_fields_once():
+    from beatloop.recipes.supervised import Supervised
+
+    with pytest.raises(ConfigError) as caught:
+        beatloop.fit("supervised", config={"hiden": 1, "lerning_rate": 0.1, "epochz": 2})
+    message = str(caught.value)
+    for wrong in ("'hiden'", "'lerning_rate'", "'epochz'"):
+        assert f"no config field {wrong}" in message
+    fields = [field.name for field in attrs.fields(Supervised.Config)]
+    assert message.count("fields: ") == 1 and message.endswith(", ".join(fields))
 
 
 @pytest.mark.parametrize(
