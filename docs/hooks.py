@@ -69,11 +69,23 @@ def config_class(recipe: str) -> type:
     return Registry(load_entry_points=False).recipe(recipe).cls.Config
 
 
+def _written_type(cls: type, field: attrs.Attribute) -> str:
+    """A field's type as its class's source writes it: ``field.type`` is that text only
+    until something resolves the class's types (``attrs.resolve_types``), the class's
+    annotations stay as written."""
+    for klass in cls.__mro__:
+        written = inspect.get_annotations(klass).get(field.name)
+        if written is not None:
+            return written if isinstance(written, str) else inspect.formatannotation(written)
+    return "" if field.type is None else inspect.formatannotation(field.type)
+
+
 def config_table(recipe: str) -> str:
     """A Markdown table of every field of ``recipe``'s config."""
     rows = ["| field | type | default | what it sets |", "|---|---|---|---|"]
-    for field in attrs.fields(config_class(recipe)):
-        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    config = config_class(recipe)
+    for field in attrs.fields(config):
+        kind = _written_type(config, field)
         default = "(required)" if field.default is attrs.NOTHING else repr(field.default)
         doc = field.metadata.get("doc", "")
         rows.append(f"| `{field.name}` | {_code(kind)} | {_code(default)} | {_cell(doc)} |")
