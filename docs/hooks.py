@@ -132,9 +132,10 @@ def command_parser():
 
 @contextmanager
 def _plain_terminal():
-    """argparse wraps help to ``COLUMNS`` (100 here) and, on newer Pythons, may colour it."""
+    """argparse wraps help to ``COLUMNS`` (78 here: a code box's width in the site) and, on
+    newer Pythons, may colour it."""
     saved = {name: os.environ.get(name) for name in ("COLUMNS", "NO_COLOR", "FORCE_COLOR")}
-    os.environ.update(COLUMNS="100", NO_COLOR="1")
+    os.environ.update(COLUMNS="78", NO_COLOR="1")
     os.environ.pop("FORCE_COLOR", None)
     try:
         yield
