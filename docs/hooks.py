@@ -115,8 +115,8 @@ def events_table() -> str:
     return "\n".join(rows)
 
 
-#: The names ``beatloop.cli``'s public function that builds the command's parser has gone
-#: by; the first one the module has is used.
+#: The names tried, in this order, for ``beatloop.cli``'s function that builds the
+#: command's parser: the first one the package has is used.
 PARSER_FUNCTIONS = ("build_parser", "make_parser", "parser", "_parser")
 
 
