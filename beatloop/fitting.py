@@ -155,19 +155,21 @@ def fit(
     return _result(engine, history)
 
 
-def restore(run_dir: str | Path) -> FitResult:
+def restore(run_dir: str | Path, data=None) -> FitResult:
     """The run in ``run_dir`` as it stands at its latest checkpoint, without training:
     its models, optimizers and history, ready to ``export``, ``evaluate`` or inspect. The
     recipe is rebuilt by name (it must be registered) with its recorded config and seed,
-    on its built-in data; a run trained on other data or models is refused with the
-    reason."""
+    on ``data`` (as ``fit`` takes it, a function ``data(recipe, seed)`` included: what
+    ``beatloop export`` passes for a run trained with ``--data``) or on its built-in data;
+    a run trained on other data or models is refused with the reason."""
     run_path = Path(run_dir)
     stored = _stored_record(run_path, "restore")
     recipe = _recorded_recipe(stored)
+    if callable(data):
+        data = data(recipe, stored.seed)
+    split = _built_in_split(run_path, recipe, stored) if data is None else as_data_split(data)
     history = History()
-    engine = _restored_engine(
-        run_path, stored, recipe, as_data_split(recipe.default_data(stored.seed)), [history]
-    )
+    engine = _restored_engine(run_path, stored, recipe, split, [history])
     return _result(engine, history)
 
 
@@ -242,17 +244,10 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
                 f"recipe {recipe.name!r} has no built-in data to evaluate on: pass data= "
                 "(a batched tf.data.Dataset like the run's training data)"
             )
-        split = as_data_split(recipe.default_data(stored.seed))
+        split = _built_in_split(run_path, recipe, stored)
         if split.validation is None:
             raise DataError(
                 f"recipe {recipe.name!r}'s built-in data has no validation split: pass data="
-            )
-        built = {key: str(spec) for key, spec in split.train.element_spec.items()}
-        if built != stored.data:
-            raise DataError(
-                f"the run in {run_path} trained on other batches than recipe "
-                f"{recipe.name!r}'s built-in data ({_spec_differences(stored.data, built)}): "
-                "pass data= with batches like its training batches"
             )
         return split
     evaluation = as_evaluation_data(data)
@@ -263,6 +258,20 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
     if recorded == stored.data or not built_in:
         return DataSplit(evaluation)
     return DataSplit(as_data_split(recipe.default_data(stored.seed)).train)
+
+
+def _built_in_split(run_path: Path, recipe: Recipe, stored) -> DataSplit:
+    """The recipe's built-in data, refused when its batches are not those the run
+    recorded (it trained on other data: rebuilt on these, its checkpoint would not fit)."""
+    split = as_data_split(recipe.default_data(stored.seed))
+    built = {key: str(spec) for key, spec in split.train.element_spec.items()}
+    if built != stored.data:
+        raise DataError(
+            f"the run in {run_path} trained on other batches than recipe "
+            f"{recipe.name!r}'s built-in data ({_spec_differences(stored.data, built)}): "
+            "pass data= with batches like its training batches"
+        )
+    return split
 
 
 def config_overrides(cls: type[Recipe], recorded: Mapping[str, Any]) -> dict[str, Any]:
