@@ -115,21 +115,6 @@ def events_table() -> str:
     return "\n".join(rows)
 
 
-#: The names tried, in this order, for ``beatloop.cli``'s function that builds the
-#: command's parser: the first one the package has is used.
-PARSER_FUNCTIONS = ("build_parser", "make_parser", "parser", "_parser")
-
-
-def command_parser():
-    """The ``beatloop`` command's ``argparse`` parser, from ``beatloop.cli``."""
-    from beatloop import cli
-
-    for name in PARSER_FUNCTIONS:
-        if callable(function := getattr(cli, name, None)):
-            return function()
-    raise AttributeError(f"beatloop.cli has none of {PARSER_FUNCTIONS} to build its parser")
-
-
 @contextmanager
 def _plain_terminal():
     """argparse wraps help to ``COLUMNS`` (78 here: a code box's width in the site) and, on
@@ -152,8 +137,10 @@ def cli_help() -> str:
     naming the Python whose argparse printed them (its layout changes between versions)."""
     import argparse
 
+    from beatloop.cli import build_parser
+
     with _plain_terminal():
-        parser = command_parser()
+        parser = build_parser()
         (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         parts = [("beatloop --help", parser.format_help())]
         parts += [
