@@ -189,7 +189,8 @@ class EpochLogFile(Callback):
         epochs its checkpoint did not include (written before a crash). A torn last line
         (the run was killed while writing it: no newline, or not a row) goes too, with a
         warning."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        with self.path.open(encoding="utf-8", newline="") as handle:  # line ends kept
+            lines = handle.read().splitlines(keepends=True)
         kept, torn = [], 0
         for line in lines:
             epoch = self._epoch_of(line)
