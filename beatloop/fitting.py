@@ -170,7 +170,8 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
     engine = start = None
     try:
         engine, history, source = build(run_path)
-        if not engine.trains_more(epochs):
+        engine.resume()
+        if not engine.recovery.trains_more(epochs):
             warnings.warn(
                 f"the run dir {run_path} holds {epochs} finished epoch(s) already, as many "
                 f"as epochs={epochs} asks for: nothing to train, nothing written (a higher "

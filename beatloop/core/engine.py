@@ -144,25 +144,6 @@ class Engine:
                 self.stream.reposition()
         return self.run.resumed_from
 
-    def trains_more(self, epochs: int) -> bool:
-        """Whether ``fit(epochs)`` has anything to train once the run dir's checkpoint is
-        restored: ``False`` when it holds exactly ``epochs`` finished epochs. A checkpoint
-        past ``epochs`` is refused with a ConfigError: training cannot go back, and a
-        run.json rewritten to the lower epochs would replay as another run."""
-        self.resume()
-        done, into = self.run.epoch, int(self.counters.epoch_batches)
-        if self.run.resumed_from is None or epochs > done:
-            return True
-        if epochs == done and into == 0:
-            return False
-        held = f"{done} finished epoch(s)" + (f" and {into} step(s) of the next" if into else "")
-        raise ConfigError(
-            f"the run dir {self.run.run_dir} holds {held} (step {self.run.step}), more than "
-            f"the {epochs} epoch(s) asked for (--epochs, epochs=); nothing was changed. "
-            f"Pass --epochs {done + 1} or more to train it further, or another run dir "
-            "(--run-dir, run_dir=) for a new run"
-        )
-
     def fit(self, epochs: int) -> dict[str, float]:
         """Run epochs until ``epochs`` have completed (counting those of a resumed run);
         return the last epoch's logs."""

@@ -17,7 +17,7 @@ import warnings
 from beatloop.core.callbacks import CallbackList
 from beatloop.core.checkpoints import RunCheckpoints
 from beatloop.core.counters import Counters
-from beatloop.core.errors import NumericsError, RunInterrupted
+from beatloop.core.errors import ConfigError, NumericsError, RunInterrupted
 from beatloop.core.loop import CallResult
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import describe_checks
@@ -116,6 +116,24 @@ class Recovery:
             self._saved_step = int(self.counters.step)
             self.resumed_from = path
         return self.resumed_from
+
+    def trains_more(self, epochs: int) -> bool:
+        """Whether a run of ``epochs`` has anything to train after the resume: ``False``
+        when the checkpoint holds exactly ``epochs`` finished epochs. A checkpoint past
+        ``epochs`` is refused with a ConfigError: training cannot go back, and a run.json
+        rewritten to the lower epochs would replay as another run."""
+        done, into = int(self.counters.epoch), int(self.counters.epoch_batches)
+        if self.resumed_from is None or epochs > done:
+            return True
+        if epochs == done and into == 0:
+            return False
+        held = f"{done} finished epoch(s)" + (f" and {into} step(s) of the next" if into else "")
+        raise ConfigError(
+            f"the run dir {self.checkpoints.directory.parent} holds {held} (step "
+            f"{int(self.counters.step)}), more than the {epochs} epoch(s) asked for "
+            f"(--epochs, epochs=); nothing was changed. Pass --epochs {done + 1} or more to "
+            "train it further, or another run dir (--run-dir, run_dir=) for a new run"
+        )
 
     def save(self) -> None:
         """Write a checkpoint now (with a run dir)."""
