@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from beatloop.core.errors import CheckpointError
 from beatloop.core.record import RunRecord
+from beatloop.core.run_dir import writing
 
 PREFIX = "ckpt"
 # What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),
@@ -175,9 +176,6 @@ class RunCheckpoints:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._rebuild_index()
             path = self.manager.save(checkpoint_number=number)
-            self._readable[path] = True
-            self._prune()
-            return path
         except (tf.errors.OpError, OSError) as error:
             self._remove_partial(number)
             kept = ", ".join(Path(p).name for p in self.paths()) or "none"
@@ -185,6 +183,10 @@ class RunCheckpoints:
                 f"could not write checkpoint {PREFIX}-{number} in {self.directory}: "
                 f"{_first_line(error)}; earlier checkpoints are intact ({kept})"
             ) from None
+        self._readable[path] = True
+        with writing(self.directory / "checkpoint", "remove the oldest checkpoints beside"):
+            self._prune()
+        return path
 
     def _rebuild_index(self) -> None:
         """An index (``checkpoint``) that was deleted or damaged while checkpoint files
@@ -228,6 +230,7 @@ class RunCheckpoints:
     def _write_index(self, paths: Sequence[str]) -> None:
         """Write the index listing ``paths`` (oldest first; the last is the latest), as
         TensorFlow's ``CheckpointState`` text, atomically, and read it back."""
+        paths = [path for path in paths if Path(f"{path}.index").exists()]  # gone: unlisted
         names = [Path(path).name for path in paths]
         stamps = [Path(f"{path}.index").stat().st_mtime for path in paths]
         lines = [f'model_checkpoint_path: "{names[-1]}"']
