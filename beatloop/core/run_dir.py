@@ -1,10 +1,11 @@
 """The run dir on disk: checked before a run writes anything, created when the run
-starts, and every failed write there reported as one ``RunDirError``.
+starts (or when its lock is taken, ``run_lock.py``), written whole lines and whole
+files at a time, and every failed write there reported as one ``RunDirError``.
 
 A run that cannot start (bad data, a refused resume, a run dir that cannot be written)
-leaves the run dir exactly as it was: nothing is created or written before the checks
-pass and the run's parts are assembled, and what a run wrote before it failed at its
-first step (a label out of range in the first batch) is taken back.
+leaves the run dir exactly as it was: nothing but the lock file is created or written
+before the checks pass and the run's parts are assembled, and what a run wrote before
+it failed at its first step (a label out of range in the first batch) is taken back.
 """
 
 from __future__ import annotations
