@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,17 @@ from beatloop.core.batches import (
 )
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.checkpoints import latest_record
+from beatloop.core.checkpoints import remove_leftovers as remove_checkpoint_leftovers
 from beatloop.core.config import make_config
 from beatloop.core.engine import Engine
-from beatloop.core.errors import CheckpointError, ConfigError, DataError
+from beatloop.core.errors import CheckpointError, ConfigError, DataError, RunInterrupted
 from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.pacing import AUTO
 from beatloop.core.recipe import Recipe, defines
-from beatloop.core.record import update_run_json, write_run_json
+from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
-from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir
+from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir, remove_leftovers
+from beatloop.core.run_lock import RunDirLock
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 from beatloop.sources import NamedData
@@ -128,28 +132,63 @@ def fit(
         check_run_dir(run_path)  # before anything is built or written
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
+    build = functools.partial(
+        _build_engine, recipe, data, seed, models=models, optimizers=optimizers,
+        options=options, callbacks=callbacks, progress=progress, label=label,
+        strategy=strategy,
+    )  # fmt: skip
+    if run_path is None:
+        engine, history, _ = build(None)
+        engine.fit(epochs)
+        return _result(engine, history)
+    with RunDirLock.acquire(run_path) as lock:  # one run per run dir, until it ends
+        before = RunDirBefore(run_path, created=lock.created_dir)
+        return _fit_in_run_dir(build, run_path, epochs, before)
+
+
+def _build_engine(recipe, data, seed, run_path, *, options, callbacks, progress, **parts):
+    """The run's engine (seed set, data made) with its ``History``, and the data source
+    named on the command line (``None`` without one)."""
     seed = _seed_everything(seed, run_path)
     source = data.to_json() if isinstance(data, NamedData) else None
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
     history = History()
+    steps = options.steps_per_execution
     engine = Engine(
-        recipe, split, models=models, optimizers=optimizers, options=options, seed=seed,
-        callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps_per_execution)],
-        run_dir=run_path, label=label, strategy=strategy,
+        recipe, split, options=options, seed=seed, run_dir=run_path,
+        callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)], **parts,
     )  # fmt: skip
-    before = None
-    if run_path is not None:
-        engine.resume()
-        before = RunDirBefore(run_path)
-        create_run_dir(run_path)  # the run starts: only now is anything written
-        _write_run_json(run_path, engine, epochs, source)
-    start = engine.run.step
+    return engine, history, source
+
+
+def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) -> FitResult:
+    """Build, resume and train with the run dir's lock held. Nothing is written until a
+    resume is accepted and there are epochs to train; a run that fails before its first
+    step puts the run dir back as it was."""
+    engine = start = None
     try:
+        engine, history, source = build(run_path)
+        engine.resume()
+        if not engine.recovery.trains_more(epochs):
+            warnings.warn(
+                f"the run dir {run_path} holds {epochs} finished epoch(s) already, as many "
+                f"as epochs={epochs} asks for: nothing to train, nothing written (a higher "
+                "--epochs trains it further)",
+                UserWarning,
+                stacklevel=3,
+            )
+            return _result(engine, history)
+        create_run_dir(run_path)  # the run starts: only now is anything written
+        remove_leftovers(run_path)
+        remove_checkpoint_leftovers(run_path / "checkpoints")
+        _write_run_json(run_path, engine, epochs, source)
+        start = engine.run.step
         engine.fit(epochs)
-    except Exception:
-        if before is not None and engine.run.step == start:  # not one step done
+    except BaseException as error:
+        started = start is not None and engine.run.step != start
+        if not started and not isinstance(error, RunInterrupted):  # not one step done
             before.put_back()
         raise
     return _result(engine, history)
@@ -356,12 +395,17 @@ class ChosenStepsRecorder(Callback):
 
 def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> None:
     """``run.json``: the run record, and how this run was asked to go (with the data
-    source named on the command line, if one was)."""
+    source named on the command line, if one was); ``epochs_asked``: the epochs each
+    start of the run asked for, in order (a resume, or a finished run continued, adds
+    one)."""
     facts = {} if source is None else {"data_source": source}
+    earlier = read_run_json(run_dir / "run.json") if engine.run.resumed_from else {}
+    asked = earlier.get("epochs_asked") or ([earlier["epochs"]] if "epochs" in earlier else [])
     write_run_json(
         run_dir / "run.json",
         engine.parts.record,
         epochs=epochs,
+        epochs_asked=[*asked, epochs],
         steps_per_execution=engine.options.steps_per_execution,
         chosen_steps_per_execution=engine.run.chosen_steps_per_execution,
         checkpoint_every=engine.options.checkpoint_every,

@@ -294,7 +294,7 @@ def test_a_corrupt_latest_checkpoint_is_one_warning_line(trained_run, tmp_path, 
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("beatloop: warning: checkpoint "), err
     assert "could not be read" in lines[0] and "RuntimeWarning" not in err
-    assert out.startswith("resumed from ckpt-1 (epoch 0, step 0)")
+    assert out.startswith("resumed from ckpt-1 (step 0, before epoch 1)")
 
 
 def test_resume_is_announced_before_training(trained_run, tmp_path, capsys):
@@ -302,7 +302,7 @@ def test_resume_is_announced_before_training(trained_run, tmp_path, capsys):
     code, out, _ = cli(["run", "supervised", "--epochs", "2", "--run-dir", run_dir, *TINY], capsys)
     assert code == 0
     first, *rest = out.splitlines()
-    assert first.startswith("resumed from ckpt-2 (epoch 1, step 6)"), out
+    assert first.startswith("resumed from ckpt-2 (step 6, end of epoch 1)"), out
     assert rest[0].startswith("supervised: 2 epoch(s), 12 steps")
 
 
@@ -312,7 +312,7 @@ def test_a_deleted_checkpoint_index_is_rebuilt_and_max_to_keep_holds(trained_run
     argv = ["run", "supervised", "--epochs", "4", "--run-dir", run_dir, "--max-to-keep", "2"]
     code, out, err = cli([*argv, *TINY], capsys)
     assert code == 0, err
-    assert out.startswith("resumed from ckpt-2 (epoch 1, step 6)")
+    assert out.startswith("resumed from ckpt-2 (step 6, end of epoch 1)")
     kept = sorted(p.stem for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
     assert kept == ["ckpt-4", "ckpt-5"]
     index = (run_dir / "checkpoints" / "checkpoint").read_text()

@@ -55,4 +55,4 @@ def _interrupted(error: KeyboardInterrupt, run_interrupted: type) -> int:
             f"{Path(error.checkpoint).parent.parent}",
             file=sys.stderr,
         )
-    return 130
+    return error.exit_code

@@ -35,8 +35,8 @@ def resume_notice():
         def on_fit_start(self, run) -> None:
             if run.resumed_from:
                 print(
-                    f"resumed from {Path(run.resumed_from).name} (epoch {run.epoch}, "
-                    f"step {run.step}): {run.resumed_from}",
+                    f"resumed from {Path(run.resumed_from).name} ({run.counters.where()}): "
+                    f"{run.resumed_from}",
                     flush=True,
                 )
 
