@@ -12,6 +12,11 @@ import beatloop
 def test_supervised_classifier_exports_and_reloads(small_digits, tmp_path):
     train, validation = small_digits
     result = beatloop.fit("supervised", data=tuple_batches(train, 50), epochs=1, seed=0)
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    with pytest.raises(beatloop.RunDirError, match=f"export OUT {afile} is a file, not a folder"):
+        result.export(afile)  # refused before Keras writes anything
+    assert afile.read_text() == "notes"
     paths = result.export(tmp_path / "export")
     assert set(paths) == {"model"}
     loaded = tf.saved_model.load(str(paths["model"]))  # keep it: it owns the variables
@@ -72,7 +77,7 @@ def test_cli_export_to_a_file_is_refused_before_the_run_is_rebuilt(tmp_path, cap
 
     afile = tmp_path / "afile"
     afile.write_text("notes")
-    advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT)"
+    advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT; .export(out))"
     expected = {
         afile: f"export OUT {afile} is a file, not a folder: {advice}",
         afile / "sub": f"export OUT {afile / 'sub'} cannot be created: {afile} is a file, not "

@@ -3,7 +3,6 @@ as SavedModels in ``OUT``; the run is rebuilt on the data it trained on."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from beatloop.cli.options import add_data_set_option, command_parser
@@ -31,34 +30,15 @@ def add_command(commands) -> None:
 
 
 def run(args) -> int:
+    from beatloop.core.run_dir import check_export_dir
     from beatloop.fitting import restore
 
-    check_out(args.out)  # before the run is rebuilt, and before anything is written
+    check_export_dir(args.out)  # before the run is rebuilt, and before anything is written
     result = restore(args.run_dir, _training_data(args))
     print(f"{result.recipe.name}: restored {result.checkpoint} (step {result.steps})")
     for name, path in result.export(args.out).items():
         print(f"{name}: {path}")
     return 0
-
-
-def check_out(out: Path) -> None:
-    """Refuse an ``OUT`` the SavedModels could not be written to: a file, a folder under
-    a file, or one whose nearest existing folder is not writable."""
-    from beatloop.core.errors import RunDirError
-
-    advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT)"
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"export OUT {out} is a file, not a folder: {advice}")
-    existing = next(folder for folder in [out, *out.parents] if folder.exists())
-    if not existing.is_dir():
-        raise RunDirError(
-            f"export OUT {out} cannot be created: {existing} is a file, not a folder; {advice}"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise RunDirError(
-            f"export OUT {out} cannot be written: {existing} is not writable (read-only, or "
-            f"owned by another user); make it writable, or {advice}"
-        )
 
 
 def _training_data(args):

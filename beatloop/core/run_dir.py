@@ -73,6 +73,26 @@ def check_run_dir(run_dir: Path) -> None:
         raise RunDirError(f"{checkpoints} is a file, not the run's checkpoint folder; {advice}")
 
 
+def check_export_dir(out: Path) -> None:
+    """Refuse an export folder the SavedModels could not be written to, before anything
+    is written: a file, a folder under a file, or one whose nearest existing folder is
+    not writable."""
+    out = Path(out)
+    advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT; .export(out))"
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"export OUT {out} is a file, not a folder: {advice}")
+    existing = _nearest_existing(out)
+    if not existing.is_dir():
+        raise RunDirError(
+            f"export OUT {out} cannot be created: {existing} is a file, not a folder; {advice}"
+        )
+    if not _writable(existing):
+        raise RunDirError(
+            f"export OUT {out} cannot be written: {existing} is not writable (read-only, or "
+            f"owned by another user); make it writable, or {advice}"
+        )
+
+
 class RunDirBefore:
     """The run dir as it was before a run started: which paths existed, and the bytes of
     the files a run rewrites (``run.json``, the history files). A run that fails before
