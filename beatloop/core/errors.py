@@ -311,3 +311,8 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, checkpoint: str | None):
         super().__init__(message)
         self.checkpoint = checkpoint
+
+
+class ReproducibilityWarning(UserWarning):
+    """A run started where its bits cannot match a fresh process's run of the same seed
+    (e.g. models passed in ``models=`` whose Keras names order otherwise)."""

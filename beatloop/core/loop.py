@@ -145,6 +145,15 @@ class CompiledLoop:
         ``None`` when the K-step function serves both."""
         return self._function("one")
 
+    @property
+    def graph(self) -> tf.Graph | None:
+        """The traced graph of the function this loop's calls run (its node names are
+        what Grappler orders sums by); ``None`` when the loop runs eagerly or is
+        distributed (traced by ``tf.function`` on its first call)."""
+        if not self._functions["multi"][1]:
+            return None
+        return (self._one if self.steps_per_execution == 1 else self._multi).graph
+
     def first_step_number(self) -> tf.Tensor:
         """The number of the call's first step: steps run before it."""
         if self.counters is None:
