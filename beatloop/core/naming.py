@@ -7,7 +7,8 @@ it adds to a traced graph. Grappler's arithmetic optimizer orders the operands o
 by node name, so the same recipe built after other models can sum in another order and
 end a few ulp apart. A run builds and traces its parts inside its own ``RunNames``:
 counted from zero, as in a fresh process. Models the user passes were named when the
-user built them; ``history_named`` finds those whose names show earlier objects.
+user built them; ``history_named`` finds those whose names sort otherwise than a fresh
+process's would. (Keras keeps the counters in ``keras.src``: private, read here only.)
 """
 
 from __future__ import annotations
