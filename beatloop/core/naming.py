@@ -8,7 +8,7 @@ by node name, so the same recipe built after other models can sum in another ord
 end a few ulp apart. A run builds and traces its parts inside its own ``RunNames``:
 counted from zero, as in a fresh process. Models the user passes were named when the
 user built them; ``history_named`` finds those whose names sort otherwise than a fresh
-process's would. (Keras keeps the counters in ``keras.src``: private, read here only.)
+process's would. (The counters are Keras's private state: only this module touches them.)
 """
 
 from __future__ import annotations
