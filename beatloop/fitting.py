@@ -119,6 +119,20 @@ def fit(
     ``|loss|`` is above F times the median of its ``|loss|`` over its last
     ``divergence_window`` steps (fewer at the start: from its second step on; a median
     of zero never fires). The window is checkpointed with the run.
+
+    Bits: a run ends with the weights of any other run of the same recipe, config, seed
+    and data on the same machine, in a fresh process or after other work in this one,
+    the recipe given by name or as an instance, resumed or not: its models, optimizers
+    and metrics are built and traced under Keras name counters of the run's own, so the
+    graph's node names (Grappler orders sums by them) are a fresh process's. Models in
+    ``models=`` keep the names they were built with (a ``ReproducibilityWarning`` when
+    those sort otherwise than a fresh process's would); a seeded shuffle in ``data``
+    takes TensorFlow's global seed when it is built (pass ``data`` as a function to
+    build it after the seed). The step is traced once for the data's element spec, whose
+    batch dimension is unknown after ``batch(n)`` (fixed by ``drop_remainder=True``): a
+    hand-written loop compared with a run bit for bit must be traced the same way, with
+    an ``input_signature`` of batch dimension ``None`` (docs/checkpoints.md, "When the
+    bits are the same"; docs/schedules.md).
     """
     _check_counts(epochs, seed)
     options = _engine_options(

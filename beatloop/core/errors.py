@@ -322,3 +322,8 @@ class RunInterrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signal
+
+
+class ReproducibilityWarning(UserWarning):
+    """A run started where its bits cannot match a fresh process's run of the same seed
+    (e.g. models passed in ``models=`` whose Keras names order otherwise)."""
