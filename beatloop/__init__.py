@@ -76,6 +76,7 @@ _EXPORTS = {
     "RunInterrupted": "beatloop.core.errors",
     "UserCodeError": "beatloop.core.errors",
     "ResumeWarning": "beatloop.core.errors",
+    "ReproducibilityWarning": "beatloop.core.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -121,6 +122,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         NumericsError,
         RecipeNotFoundError,
         RegistrationError,
+        ReproducibilityWarning,
         ResumeWarning,
         RunDirError,
         RunInterrupted,

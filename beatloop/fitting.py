@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,15 +25,17 @@ from beatloop.core.batches import (
 )
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.checkpoints import latest_record
+from beatloop.core.checkpoints import remove_leftovers as remove_checkpoint_leftovers
 from beatloop.core.config import make_config
 from beatloop.core.engine import Engine
-from beatloop.core.errors import CheckpointError, ConfigError, DataError
+from beatloop.core.errors import CheckpointError, ConfigError, DataError, RunInterrupted
 from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.pacing import AUTO
 from beatloop.core.recipe import Recipe, defines
-from beatloop.core.record import update_run_json, write_run_json
+from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
-from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir
+from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir, remove_leftovers
+from beatloop.core.run_lock import RunDirLock
 from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
@@ -116,6 +120,20 @@ def fit(
     ``|loss|`` is above F times the median of its ``|loss|`` over its last
     ``divergence_window`` steps (fewer at the start: from its second step on; a median
     of zero never fires). The window is checkpointed with the run.
+
+    Bits: a run ends with the weights of any other run of the same recipe, config, seed
+    and data on the same machine, in a fresh process or after other work in this one,
+    the recipe given by name or as an instance, resumed or not: its models, optimizers
+    and metrics are built and traced under Keras name counters of the run's own, so the
+    graph's node names (Grappler orders sums by them) are a fresh process's. Models in
+    ``models=`` keep the names they were built with (a ``ReproducibilityWarning`` when
+    those sort otherwise than a fresh process's would); a seeded shuffle in ``data``
+    takes TensorFlow's global seed when it is built (pass ``data`` as a function to
+    build it after the seed). The step is traced once for the data's element spec, whose
+    batch dimension is unknown after ``batch(n)`` (fixed by ``drop_remainder=True``): a
+    hand-written loop compared with a run bit for bit must be traced the same way, with
+    an ``input_signature`` of batch dimension ``None`` (docs/checkpoints.md, "When the
+    bits are the same"; docs/schedules.md).
     """
     _check_counts(epochs, seed)
     options = _engine_options(
@@ -130,46 +148,83 @@ def fit(
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     warn_ignored_settings(recipe, config, data=data, models=models)
+    build = functools.partial(
+        _build_engine, recipe, data, seed, models=models, optimizers=optimizers,
+        options=options, callbacks=callbacks, progress=progress, label=label,
+        strategy=strategy,
+    )  # fmt: skip
+    if run_path is None:
+        engine, history, _ = build(None)
+        engine.fit(epochs)
+        return _result(engine, history)
+    with RunDirLock.acquire(run_path) as lock:  # one run per run dir, until it ends
+        before = RunDirBefore(run_path, created=lock.created_dir)
+        return _fit_in_run_dir(build, run_path, epochs, before)
+
+
+def _build_engine(recipe, data, seed, run_path, *, options, callbacks, progress, **parts):
+    """The run's engine (seed set, data made) with its ``History``, and the data source
+    named on the command line (``None`` without one)."""
     seed = _seed_everything(seed, run_path)
     source = data.to_json() if isinstance(data, NamedData) else None
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
     history = History()
+    steps = options.steps_per_execution
     engine = Engine(
-        recipe, split, models=models, optimizers=optimizers, options=options, seed=seed,
-        callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps_per_execution)],
-        run_dir=run_path, label=label, strategy=strategy,
+        recipe, split, options=options, seed=seed, run_dir=run_path,
+        callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)], **parts,
     )  # fmt: skip
-    before = None
-    if run_path is not None:
-        engine.resume()
-        before = RunDirBefore(run_path)
-        create_run_dir(run_path)  # the run starts: only now is anything written
-        _write_run_json(run_path, engine, epochs, source)
-    start = engine.run.step
+    return engine, history, source
+
+
+def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) -> FitResult:
+    """Build, resume and train with the run dir's lock held. Nothing is written until a
+    resume is accepted and there are epochs to train; a run that fails before its first
+    step puts the run dir back as it was."""
+    engine = start = None
     try:
+        engine, history, source = build(run_path)
+        engine.resume()
+        if not engine.recovery.trains_more(epochs):
+            warnings.warn(
+                f"the run dir {run_path} holds {epochs} finished epoch(s) already, as many "
+                f"as epochs={epochs} asks for: nothing to train, nothing written (a higher "
+                "--epochs trains it further)",
+                UserWarning,
+                stacklevel=3,
+            )
+            return _result(engine, history)
+        create_run_dir(run_path)  # the run starts: only now is anything written
+        remove_leftovers(run_path)
+        remove_checkpoint_leftovers(run_path / "checkpoints")
+        _write_run_json(run_path, engine, epochs, source)
+        start = engine.run.step
         engine.fit(epochs)
-    except Exception:
-        if before is not None and engine.run.step == start:  # not one step done
+    except BaseException as error:
+        started = start is not None and engine.run.step != start
+        if not started and not isinstance(error, RunInterrupted):  # not one step done
             before.put_back()
         raise
     return _result(engine, history)
 
 
-def restore(run_dir: str | Path) -> FitResult:
+def restore(run_dir: str | Path, data=None) -> FitResult:
     """The run in ``run_dir`` as it stands at its latest checkpoint, without training:
     its models, optimizers and history, ready to ``export``, ``evaluate`` or inspect. The
     recipe is rebuilt by name (it must be registered) with its recorded config and seed,
-    on its built-in data; a run trained on other data or models is refused with the
-    reason."""
+    on ``data`` (as ``fit`` takes it, a function ``data(recipe, seed)`` included: what
+    ``beatloop export`` passes for a run trained with ``--data``) or on its built-in data;
+    a run trained on other data or models is refused with the reason."""
     run_path = Path(run_dir)
     stored = _stored_record(run_path, "restore")
     recipe = _recorded_recipe(stored)
+    if callable(data):
+        data = data(recipe, stored.seed)
+    split = _built_in_split(run_path, recipe, stored) if data is None else as_data_split(data)
     history = History()
-    engine = _restored_engine(
-        run_path, stored, recipe, as_data_split(recipe.default_data(stored.seed)), [history]
-    )
+    engine = _restored_engine(run_path, stored, recipe, split, [history])
     return _result(engine, history)
 
 
@@ -244,17 +299,10 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
                 f"recipe {recipe.name!r} has no built-in data to evaluate on: pass data= "
                 "(a batched tf.data.Dataset like the run's training data)"
             )
-        split = as_data_split(recipe.default_data(stored.seed))
+        split = _built_in_split(run_path, recipe, stored)
         if split.validation is None:
             raise DataError(
                 f"recipe {recipe.name!r}'s built-in data has no validation split: pass data="
-            )
-        built = {key: str(spec) for key, spec in split.train.element_spec.items()}
-        if built != stored.data:
-            raise DataError(
-                f"the run in {run_path} trained on other batches than recipe "
-                f"{recipe.name!r}'s built-in data ({_spec_differences(stored.data, built)}): "
-                "pass data= with batches like its training batches"
             )
         return split
     evaluation = as_evaluation_data(data)
@@ -265,6 +313,20 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
     if recorded == stored.data or not built_in:
         return DataSplit(evaluation)
     return DataSplit(as_data_split(recipe.default_data(stored.seed)).train)
+
+
+def _built_in_split(run_path: Path, recipe: Recipe, stored) -> DataSplit:
+    """The recipe's built-in data, refused when its batches are not those the run
+    recorded (it trained on other data: rebuilt on these, its checkpoint would not fit)."""
+    split = as_data_split(recipe.default_data(stored.seed))
+    built = {key: str(spec) for key, spec in split.train.element_spec.items()}
+    if built != stored.data:
+        raise DataError(
+            f"the run in {run_path} trained on other batches than recipe "
+            f"{recipe.name!r}'s built-in data ({_spec_differences(stored.data, built)}): "
+            "pass data= with batches like its training batches"
+        )
+    return split
 
 
 def config_overrides(cls: type[Recipe], recorded: Mapping[str, Any]) -> dict[str, Any]:
@@ -349,12 +411,17 @@ class ChosenStepsRecorder(Callback):
 
 def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> None:
     """``run.json``: the run record, and how this run was asked to go (with the data
-    source named on the command line, if one was)."""
+    source named on the command line, if one was); ``epochs_asked``: the epochs each
+    start of the run asked for, in order (a resume, or a finished run continued, adds
+    one)."""
     facts = {} if source is None else {"data_source": source}
+    earlier = read_run_json(run_dir / "run.json") if engine.run.resumed_from else {}
+    asked = earlier.get("epochs_asked") or ([earlier["epochs"]] if "epochs" in earlier else [])
     write_run_json(
         run_dir / "run.json",
         engine.parts.record,
         epochs=epochs,
+        epochs_asked=[*asked, epochs],
         steps_per_execution=engine.options.steps_per_execution,
         chosen_steps_per_execution=engine.run.chosen_steps_per_execution,
         checkpoint_every=engine.options.checkpoint_every,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,28 @@ class RunFile:
     recipe: str | None
     config: dict = attrs.field(factory=dict)
     options: dict = attrs.field(factory=dict)
+    #: A recorded ``run.json`` (its config is its recipe's, whole), not a TOML run file.
+    recorded: bool = False
+
+    def refuse_other_recipe(self, name: str | None, fields: Callable[[], Collection[str]]) -> None:
+        """Refuse the recipe ``name`` given on the command line where the file's config
+        belongs to the file's own recipe: a recorded run's always, a TOML file's when its
+        ``[config]`` has fields ``name``'s config (``fields()``) lacks."""
+        if name is None or self.recipe is None or name == self.recipe:
+            return
+        replay = f"run it without naming a recipe (beatloop run --config {self.path})"
+        if self.recorded:
+            raise ConfigError(
+                f"{self.path} is a run of recipe {self.recipe!r}, not {name!r}: {replay}, or "
+                f"train {name!r} without this --config"
+            )
+        foreign = sorted(set(self.config) - set(fields()))
+        if foreign:
+            raise ConfigError(
+                f"{self.path} is a run file of recipe {self.recipe!r}, not {name!r}: its "
+                f"[config] has fields {name!r} lacks ({', '.join(foreign)}); {replay}, or "
+                f"write a run file for {name!r}"
+            )
 
 
 def read_run_file(path: str | Path, options: Mapping[str, Any]) -> RunFile:
@@ -71,7 +93,7 @@ def _recorded(path: Path, text: str, options: Mapping[str, Any]) -> RunFile:
     source = record.get("data_source")  # the data named on the command line, if any
     if isinstance(source, dict):
         values.update({k: v for k, v in source.items() if v not in (None, [])})
-    return _run_file(path, values, options)
+    return attrs.evolve(_run_file(path, values, options), recorded=True)
 
 
 def _run_file(path: Path, values: Mapping[str, Any], options: Mapping[str, Any]) -> RunFile:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,6 +18,32 @@ def list_cache_in_tmp(tmp_path_factory):
     """``beatloop list`` writes its cache under the tests' tmp dir, never the user's cache
     directory (the commands the tests start inherit the variable)."""
     os.environ["BEATLOOP_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
+def _untracked_files(root: Path) -> set[str] | None:
+    """Every file in the checkout at ``root`` that git does not track, ignored ones too
+    (``runs/`` is ignored), but for Python's and pytest's caches and a virtual environment
+    kept there; None where there is no git or no checkout."""
+    skipped = ("__pycache__/", ".pytest_cache/", ".ruff_cache/", ".venv/", "venv/")
+    command = ["git", "-C", str(root), "ls-files", "--others", "-z"]
+    command += [f"--exclude={pattern}" for pattern in skipped]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(os.fsdecode(done.stdout).split("\0")) - {""} if done.returncode == 0 else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_left_as_it_was():
+    """Fail the session if its tests leave a file in the checkout: tests write only under
+    their ``tmp_path`` (a docs example once left ``runs/gan-*`` and ``digit-images/``)."""
+    root = Path(__file__).resolve().parents[1]
+    before = _untracked_files(root)
+    yield
+    after = _untracked_files(root) if before is not None else None
+    left = sorted(after - before) if after is not None else []
+    assert left == [], f"the tests left {len(left)} file(s) in {root}: {left[:10]}"
 
 
 @pytest.fixture(scope="session")

@@ -84,6 +84,22 @@ def assert_close_weights(a: Weights, b: Weights, *, rtol: float, atol: float) ->
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=label)
 
 
+#: One unit in the last place of float32 at 1.0 (2**-23).
+FLOAT32_ULP = float(np.finfo(np.float32).eps)
+
+
+def assert_weights_within_ulps(a: Weights, b: Weights, ulps: int) -> None:
+    """Fail unless every array of a is within ``ulps`` float32 units in the last place
+    of b's, each array's unit taken at its largest magnitude: the round-off of the same
+    steps run on another CPU (weights near zero are held to the array's scale, not their
+    own, whose last place is far finer than any sum that produced them)."""
+    for label, x, y in _pairs(a, b):
+        scale = float(np.max(np.abs(y))) if y.size else 0.0
+        np.testing.assert_allclose(
+            x, y, rtol=0, atol=ulps * FLOAT32_ULP * scale, err_msg=f"{label} beyond {ulps} ulp"
+        )
+
+
 def all_finite(models: Mapping) -> bool:
     """Whether every weight of every model is finite (no NaN, no Inf)."""
     return all(np.isfinite(w).all() for w in all_weights(models).values())

@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import attrs
 import keras
 import numpy as np
 import pytest
@@ -18,11 +19,24 @@ from helpers import classifier, tuple_batches
 
 import beatloop
 from beatloop import ConfigError, DataError
+from beatloop.terminal import START_UP_NOISE
 
 
 def test_unknown_config_field_names_the_closest():
     with pytest.raises(ConfigError, match=r"no config field 'hiden' \(did you mean 'hidden'\?\)"):
         beatloop.fit("supervised", config={"hiden": 8})
+
+
+def test_several_unknown_config_fields_list_the_fields_once():
+    from beatloop.recipes.supervised import Supervised
+
+    with pytest.raises(ConfigError) as caught:
+        beatloop.fit("supervised", config={"hiden": 1, "lerning_rate": 0.1, "epochz": 2})
+    message = str(caught.value)
+    for wrong in ("'hiden'", "'lerning_rate'", "'epochz'"):
+        assert f"no config field {wrong}" in message
+    fields = [field.name for field in attrs.fields(Supervised.Config)]
+    assert message.count("fields: ") == 1 and message.endswith(", ".join(fields))
 
 
 @pytest.mark.parametrize(
@@ -284,7 +298,7 @@ def test_a_corrupt_latest_checkpoint_is_one_warning_line(trained_run, tmp_path, 
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("beatloop: warning: checkpoint "), err
     assert "could not be read" in lines[0] and "RuntimeWarning" not in err
-    assert out.startswith("resumed from ckpt-1 (epoch 0, step 0)")
+    assert out.startswith("resumed from ckpt-1 (step 0, before epoch 1)")
 
 
 def test_resume_is_announced_before_training(trained_run, tmp_path, capsys):
@@ -292,7 +306,7 @@ def test_resume_is_announced_before_training(trained_run, tmp_path, capsys):
     code, out, _ = cli(["run", "supervised", "--epochs", "2", "--run-dir", run_dir, *TINY], capsys)
     assert code == 0
     first, *rest = out.splitlines()
-    assert first.startswith("resumed from ckpt-2 (epoch 1, step 6)"), out
+    assert first.startswith("resumed from ckpt-2 (step 6, end of epoch 1)"), out
     assert rest[0].startswith("supervised: 2 epoch(s), 12 steps")
 
 
@@ -302,7 +316,7 @@ def test_a_deleted_checkpoint_index_is_rebuilt_and_max_to_keep_holds(trained_run
     argv = ["run", "supervised", "--epochs", "4", "--run-dir", run_dir, "--max-to-keep", "2"]
     code, out, err = cli([*argv, *TINY], capsys)
     assert code == 0, err
-    assert out.startswith("resumed from ckpt-2 (epoch 1, step 6)")
+    assert out.startswith("resumed from ckpt-2 (step 6, end of epoch 1)")
     kept = sorted(p.stem for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
     assert kept == ["ckpt-4", "ckpt-5"]
     index = (run_dir / "checkpoints" / "checkpoint").read_text()
@@ -310,12 +324,12 @@ def test_a_deleted_checkpoint_index_is_rebuilt_and_max_to_keep_holds(trained_run
 
 
 def test_an_unexpected_error_exits_1_with_its_traceback(capsys, monkeypatch):
-    import beatloop.cli
+    import beatloop.cli.cmd_list
 
     def broken(args):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(beatloop.cli, "_list", broken)
+    monkeypatch.setattr(beatloop.cli.cmd_list, "run", broken)
     code, _, err = cli(["list"], capsys)
     assert code == 1
     assert "Traceback" in err and "ZeroDivisionError: a bug" in err
@@ -413,8 +427,14 @@ def test_a_run_prints_only_beatloop_lines(tmp_path):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("supervised: 1 epoch(s)") and lines[1].startswith("steps per call: ")
     assert lines[2].startswith("run dir: ")
-    shown = beatloop_command("list", "--verbose", cwd=tmp_path)  # TensorFlow's lines, asked for
-    assert shown.returncode == 0 and "oneDNN custom operations are on" in shown.stderr
+    # TensorFlow's start-up lines, asked for: those this CPU's TensorFlow prints (the oneDNN
+    # banner only where oneDNN is on), as a plain import in the command's environment shows.
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    plain = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True,
+                           text=True, env=env, timeout=300).stderr.splitlines()  # fmt: skip
+    start_up = [line.split("] ", 1)[-1] for line in plain if START_UP_NOISE.search(line)]
+    shown = beatloop_command("list", "--verbose", cwd=tmp_path)
+    assert shown.returncode == 0 and all(line in shown.stderr for line in start_up), plain
 
 
 def test_a_full_disk_names_the_file_and_the_reason(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Checkpoints and resume: a run killed mid-epoch (a real SIGKILL) and resumed ends
 bit-identical to one never interrupted; resumes of a different run are refused; a full
-disk, a corrupt checkpoint and Ctrl-C leave a run that can go on."""
+disk, a corrupt checkpoint, a torn history line, a save's leftovers and Ctrl-C leave a
+run that can go on."""
 
 from __future__ import annotations
 
@@ -86,7 +87,15 @@ def test_a_finished_run_continues_and_a_different_one_is_refused(tmp_path):
 
     first = small_run(tmp_path)
     assert first.steps == 20 and first.resumed_from is None
+    # What saves and rewrites killed half-way leave behind goes when the next run starts.
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / "ckpt-9_temp").mkdir()
+    (checkpoints / "ckpt-9_temp" / "part-00000-of-00001.index").write_bytes(b"")
+    (checkpoints / "checkpoint.partial").write_text("model_checkpoint_path: ")
+    (tmp_path / "run" / "run.json.tmp").write_text("{")
     more = small_run(tmp_path, epochs=3, seed=None)  # the seed comes from the checkpoint
+    assert not list(checkpoints.glob("*_temp")) and not list(checkpoints.glob("*.partial"))
+    assert not (tmp_path / "run" / "run.json.tmp").exists()
     assert more.seed == 1 and more.steps == 30 and more.epochs == 3
     assert more.resumed_from == first.checkpoint
     assert len(more.history["loss"]) == 3
@@ -126,6 +135,47 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path):
     with pytest.warns(RuntimeWarning, match="could not be read"):
         resumed = small_run(tmp_path, epochs=1)
     assert resumed.resumed_from.endswith("ckpt-3") and resumed.steps == 10
+    # The damaged ckpt-4 does not count toward the three kept: ckpt-2 stays.
+    assert checkpoint_names(directory) == ["ckpt-2", "ckpt-3", "ckpt-4", "ckpt-5"]
+    longer = small_run(tmp_path, epochs=2)  # once three good ones are newer, it goes
+    assert longer.steps == 20
+    assert checkpoint_names(directory) == ["ckpt-6", "ckpt-7", "ckpt-8"]
+
+
+def checkpoint_names(directory: Path) -> list[str]:
+    """The checkpoints on disk and in the index, which must agree."""
+    import tensorflow as tf
+
+    on_disk = sorted(p.stem for p in directory.glob("ckpt-*.index"))
+    listed = tf.train.get_checkpoint_state(str(directory)).all_model_checkpoint_paths
+    assert [Path(p).name for p in listed] == on_disk
+    return on_disk
+
+
+def test_a_torn_last_history_line_is_dropped_and_the_resume_is_exact(tmp_path):
+    import beatloop
+
+    straight = small_run(tmp_path, callbacks=[beatloop.CsvLogger()])
+    run_dir = tmp_path / "run"
+    jsonl, csv = run_dir / "history.jsonl", run_dir / "history.csv"
+    rows, table = jsonl.read_bytes(), csv.read_bytes()
+    # As if killed while writing epoch 2's rows: its end-of-epoch checkpoint (ckpt-7,
+    # step 20) was never written, and the last line of each file is cut short.
+    for leftover in (run_dir / "checkpoints").glob("ckpt-7.*"):
+        leftover.unlink()
+    (run_dir / "checkpoints" / "checkpoint").unlink()
+    jsonl.write_bytes(rows[: rows.rindex(b"\n", 0, -1) + 30])
+    csv.write_bytes(table[:-9])
+    with pytest.warns(RuntimeWarning) as warned:
+        resumed = small_run(tmp_path, callbacks=[beatloop.CsvLogger()])
+    notices = sorted(str(warning.message) for warning in warned)
+    assert [notice.split(": ")[0] for notice in notices] == [str(csv), str(jsonl)]
+    assert all("dropped 1 torn line(s)" in notice for notice in notices)
+    assert resumed.resumed_from.endswith("ckpt-6") and resumed.steps == 20  # from step 16
+    assert jsonl.read_bytes() == rows and csv.read_bytes() == table
+    assert_same_weights(
+        model_weights(resumed.models["model"]), model_weights(straight.models["model"])
+    )
 
 
 @pytest.mark.slow
@@ -159,7 +209,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert "interrupted at step" in err and "Traceback" not in err
-    step = int(err.split("interrupted at step ")[1].split()[0])
+    step = int(err.split("interrupted at step ")[1].split(",")[0])
     restored = beatloop.restore(run_dir)
     assert restored.steps == step  # the checkpoint holds the moment it stopped
     assert restored.checkpoint in err

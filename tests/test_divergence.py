@@ -18,6 +18,7 @@ from helpers import (
     all_finite,
     all_weights,
     assert_same_weights,
+    assert_weights_within_ulps,
     dict_batches,
     gan_data,
     load_npz,
@@ -313,18 +314,25 @@ def test_a_resumed_run_keeps_its_window_and_stops_where_a_whole_run_does(digits,
 
 
 def test_an_old_checkpoint_resumes_with_the_guard_on_to_that_codes_result(tmp_path):
+    """With the guard on, an old checkpoint resumes to the weights it resumes to without
+    it (bit for bit, both run here), within ``ULPS`` of the old code's own result (made
+    on another CPU: see ``test_old_checkpoints``)."""
     sys.path.insert(0, str(FIXTURES))
-    from old_runs import RUNS, data_for
+    from old_runs import RUNS, ULPS, data_for
 
     spec = RUNS["supervised"]
-    run_dir = tmp_path / "supervised"
-    shutil.copytree(FIXTURES / "old_checkpoints" / "supervised", run_dir)
-    result = beatloop.fit(
-        spec["recipe"], data=data_for(spec), epochs=2, run_dir=run_dir, progress=False,
-        divergence=10, **spec["fit"],
-    )  # fmt: skip
-    assert result.resumed_from == str(run_dir / "checkpoints" / "ckpt-4")
-    assert_same_weights(all_weights(result.models), load_npz(run_dir / "expected.npz"))
+    weights = {}
+    for divergence in (10, None):
+        run_dir = tmp_path / f"divergence_{divergence}" / "supervised"
+        shutil.copytree(FIXTURES / "old_checkpoints" / "supervised", run_dir)
+        result = beatloop.fit(
+            spec["recipe"], data=data_for(spec), epochs=2, run_dir=run_dir, progress=False,
+            divergence=divergence, **spec["fit"],
+        )  # fmt: skip
+        assert result.resumed_from == str(run_dir / "checkpoints" / "ckpt-4")
+        weights[divergence] = all_weights(result.models)
+    assert_same_weights(weights[10], weights[None])
+    assert_weights_within_ulps(weights[10], load_npz(run_dir / "expected.npz"), ULPS)
 
 
 # --- options --------------------------------------------------------------------------------

@@ -1,13 +1,18 @@
 """The documentation: the site builds with ``mkdocs build --strict`` (no broken link or
-reference), its generated tables list everything the code has, and every ```python block
-of the README and the docs pages is run by a test."""
+reference), its generated tables list everything the code has and are current in the
+Markdown, and every ```python block of the README and the docs pages is run by a test."""
 
 from __future__ import annotations
 
 import ast
 import html
+import importlib.util
 import inspect
+import logging
 import re
+import tempfile
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -44,12 +49,31 @@ BLOCKS = python_blocks()
 RUN_HERE = [block for block in BLOCKS if block.not_run is None and run_elsewhere(block) is None]
 
 
+@pytest.fixture(scope="module")
+def page_dirs() -> dict:
+    """Each document's working directory, once its first block has run, and the names of
+    the blocks run in it so far."""
+    return {}
+
+
 @pytest.mark.parametrize("block", RUN_HERE, ids=[block.name for block in RUN_HERE])
-def test_python_block_runs(block, monkeypatch):
-    """Each block runs on its own, in a fresh namespace (a recipe it registers is not
-    left behind for the other tests)."""
-    monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
-    block.run({})
+def test_python_block_runs(block, page_dirs, tmp_path_factory, monkeypatch):
+    """Each block runs in a fresh namespace (a recipe it registers is not left behind for
+    the other tests), in its document's own working directory under the tests' tmp dir,
+    where ``tempfile`` makes its folders too: what a block writes never lands in the
+    checkout. A document's blocks share that directory and run in the document's order,
+    as a reader would run them (the data sources page writes images in one block and
+    reads them in the next); a block run alone first runs the ones before it."""
+    if block.document not in page_dirs:
+        page_dirs[block.document] = (tmp_path_factory.mktemp(block.document.stem), set())
+    directory, done = page_dirs[block.document]
+    monkeypatch.chdir(directory)
+    monkeypatch.setattr(tempfile, "tempdir", str(directory))
+    earlier = [b for b in RUN_HERE if b.document == block.document and b.line < block.line]
+    for each in [b for b in earlier if b.name not in done] + [block]:
+        monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
+        each.run({})
+        done.add(each.name)
 
 
 def test_every_python_block_is_run_or_says_why_not():
@@ -83,6 +107,75 @@ def test_readme_is_short_keeps_the_setup_commands_and_its_links_resolve():
     links = re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text)
     assert {"docs/recipes.md", "docs/callbacks.md", "docs/api.md"} <= set(links)
     assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+# The generated sections, written into the Markdown between begin/end markers.
+
+
+def load_hooks():
+    """``docs/hooks.py`` as a module (``docs`` is not a package)."""
+    spec = importlib.util.spec_from_file_location("beatloop_docs_hooks", DOCS / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = load_hooks()
+
+
+def test_the_generated_sections_are_current():
+    """The tables and help written into the pages are what the code generates now, and
+    every page that should have one has it."""
+    stale = {path.name: hooks.stale_sections(path.read_text()) for path in hooks.pages()}
+    stale = {name: keys for name, keys in stale.items() if keys}
+    assert stale == {}, f"stale generated sections {stale}: run `{hooks.COMMAND}`"
+    keys = {
+        path.name: [match["key"] for match in hooks.SECTION.finditer(path.read_text())]
+        for path in hooks.pages()
+    }
+    recipes = Registry(load_entry_points=False).recipe_names()
+    assert sorted(keys["recipes.md"]) == [f"config {name}" for name in sorted(recipes)]
+    assert keys["callbacks.md"] == ["callback-events"] and keys["cli.md"] == ["cli-help"]
+    assert hooks.COMMAND in README.read_text()
+
+
+@attrs.frozen
+class _Resolved:
+    weight: Callable[..., float] | None = None
+
+
+def test_a_config_table_shows_types_as_written_also_once_they_are_resolved():
+    """Code that resolves a Config's types (``attrs.resolve_types``) turns ``field.type``
+    from the annotation's text into the type: the table keeps the text."""
+    attrs.resolve_types(_Resolved)
+    field = attrs.fields(_Resolved).weight
+    assert not isinstance(field.type, str)
+    assert hooks._written_type(_Resolved, field) == "Callable[..., float] | None"
+
+
+def test_a_stale_section_is_found_rewritten_and_warned_about(caplog):
+    text = (DOCS / "callbacks.md").read_text()
+    stale = text.replace("| `fit_end` |", "| `fit_ended` |")
+    assert stale != text and hooks.stale_sections(stale) == ["callback-events"]
+    assert hooks.regenerate(stale) == text
+    page = SimpleNamespace(file=SimpleNamespace(src_path="callbacks.md"))
+    with caplog.at_level(logging.WARNING):
+        assert hooks.on_page_markdown(stale, page=page) == stale
+    (record,) = caplog.records
+    message = "callbacks.md: section 'callback-events' is stale: run python docs/hooks.py"
+    assert record.getMessage() == message and record.name.startswith("mkdocs.")
+
+
+def test_help_printed_by_another_python_is_not_checked_here():
+    """argparse lays help out differently from one Python to the next: only the Python
+    that wrote the help can check it."""
+    text = (DOCS / "cli.md").read_text()
+    (written,) = hooks.ARGPARSE_OF.findall(text)
+    other = text.replace(f"argparse of Python {written} ", "argparse of Python 2.7 ")
+    changed = other.replace("usage: beatloop [-h]", "usage: beatloop [-h] [--old]")
+    assert hooks.stale_sections(changed) == []
+    stale = text.replace("usage: beatloop [-h]", "usage: old")
+    assert hooks.stale_sections(stale) == ["cli-help"]
 
 
 # The site, built once for the tests below.
@@ -123,6 +216,18 @@ def test_the_site_builds_with_every_page_in_its_nav(site):
     for page in nav_pages:
         assert (site / f"{page}.html").is_file()
     assert not (site / "hooks.py").exists()
+    assert (site / "stylesheets" / "extra.css").is_file()
+    assert 'href="stylesheets/extra.css"' in (site / "index.html").read_text()
+
+
+def test_no_page_prints_a_sphinx_role(site):
+    """Docstrings are Markdown here: a ``:func:`x``` would reach the page as literal text."""
+    role = re.compile(r":(?:py:)?(?:func|class|meth|attr|mod|exc|data|obj|const|ref|term):")
+    found = {
+        page.name: sorted(set(role.findall(text_of(page.read_text()))))
+        for page in sorted(site.glob("*.html"))
+    }
+    assert {name: roles for name, roles in found.items() if roles} == {}
 
 
 def test_each_recipe_table_lists_every_config_field(site):

@@ -12,6 +12,11 @@ import beatloop
 def test_supervised_classifier_exports_and_reloads(small_digits, tmp_path):
     train, validation = small_digits
     result = beatloop.fit("supervised", data=tuple_batches(train, 50), epochs=1, seed=0)
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    with pytest.raises(beatloop.RunDirError, match=f"export OUT {afile} is a file, not a folder"):
+        result.export(afile)  # refused before Keras writes anything
+    assert afile.read_text() == "notes"
     paths = result.export(tmp_path / "export")
     assert set(paths) == {"model"}
     loaded = tf.saved_model.load(str(paths["model"]))  # keep it: it owns the variables
@@ -65,3 +70,85 @@ def test_cli_export_restores_the_run_dir_and_writes_the_classifier(tmp_path, cap
     np.testing.assert_allclose(loaded.serve(x), expected, rtol=1e-5, atol=1e-6)
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 5  # run dir
     assert "holds no readable checkpoint" in capsys.readouterr().err
+
+
+def test_cli_export_to_a_file_is_refused_before_the_run_is_rebuilt(tmp_path, capsys):
+    from beatloop.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT; .export(out))"
+    expected = {
+        afile: f"export OUT {afile} is a file, not a folder: {advice}",
+        afile / "sub": f"export OUT {afile / 'sub'} cannot be created: {afile} is a file, not "
+        f"a folder; {advice}",
+    }
+    for out, message in expected.items():
+        assert main(["export", str(tmp_path / "no-run"), str(out)]) == 5  # OUT, not the run
+        assert capsys.readouterr().err == f"beatloop: error: {message}\n"
+        assert afile.read_text() == "notes"
+
+
+@pytest.fixture(scope="module")
+def csv_run(tmp_path_factory):
+    """A run dir trained with --data on a CSV of 16 features (the built-in digits have
+    64), and the CSV."""
+    from beatloop.cli import main
+
+    folder = tmp_path_factory.mktemp("csv_run")
+    rng = np.random.default_rng(0)
+    rows = [",".join([*(f"f{i}" for i in range(16)), "label"])]
+    rows += [",".join([*(f"{v:.4f}" for v in rng.uniform(size=16)), str(i % 3)]) for i in range(60)]
+    (folder / "table.csv").write_text("\n".join(rows) + "\n")
+    argv = ["run", "supervised", "--data", f"csv:{folder / 'table.csv'}", "--data-set",
+            "label=label", "--set", "hidden=4", "--seed", "0", "--quiet"]  # fmt: skip
+    assert main([*argv, "--run-dir", str(folder / "run")]) == 0
+    return folder / "run", folder / "table.csv"
+
+
+def test_cli_export_rebuilds_a_data_run_on_the_data_its_run_json_names(csv_run, tmp_path, capsys):
+    from beatloop.cli import main
+    from beatloop.sources import NamedData
+
+    run_dir, table = csv_run
+    assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert "supervised: restored " in capsys.readouterr().out
+    x = np.random.default_rng(1).uniform(size=(5, 16)).astype(np.float32)
+    restored = beatloop.restore(run_dir, NamedData(f"csv:{table}", ("label=label",)))
+    loaded = tf.saved_model.load(str(tmp_path / "out" / "model"))
+    expected = restored.models["model"](x, training=False)
+    np.testing.assert_allclose(loaded.serve(x), expected, rtol=1e-5, atol=1e-6)
+    assert expected.shape == (5, 10)
+
+
+def test_cli_export_says_what_to_do_when_the_data_is_gone(csv_run, tmp_path, capsys):
+    import json
+    import shutil
+
+    from beatloop.cli import main
+
+    run_dir, table = shutil.copytree(csv_run[0], tmp_path / "run"), csv_run[1]
+    recorded = json.loads((run_dir / "run.json").read_text())
+    recorded["data_source"]["data"] = f"csv:{tmp_path / 'moved.csv'}"
+    (run_dir / "run.json").write_text(json.dumps(recorded))
+    assert main(["export", str(run_dir), str(tmp_path / "a")]) == 3
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"beatloop: error: {run_dir / 'run.json'} records that the run trained on --data "
+        f"csv:{tmp_path / 'moved.csv'}, which cannot be read now: "
+    )
+    assert line.endswith(
+        "name its data as it is now with --data KIND:PATH (and --data-set NAME=VALUE)"
+    )
+    argv = ["export", str(run_dir), str(tmp_path / "b"), "--data", f"csv:{table}"]
+    assert main([*argv, "--data-set", "label=label"]) == 0  # named anew
+    assert (tmp_path / "b" / "model").is_dir() and not (tmp_path / "a").exists()
+    # A run dir that names no data (trained from Python): the advice is a flag to give.
+    del recorded["data_source"]
+    (run_dir / "run.json").write_text(json.dumps(recorded))
+    assert main(["export", str(run_dir), str(tmp_path / "c")]) == 3
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"beatloop: error: the run in {run_dir} trained on other batches")
+    assert line.endswith(
+        "pass --data KIND:PATH (data= in Python) with batches like its training batches"
+    )

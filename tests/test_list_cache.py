@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,31 @@ def test_the_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert listing.cache_dir() == Path.home() / ".cache" / "beatloop"
     monkeypatch.setenv(listing.CACHE_DIR, str(tmp_path / "mine"))
     assert listing.cache_path().parent == tmp_path / "mine"
+
+
+def test_a_plugin_that_fails_to_load_is_one_warning_line_verbose_or_not(
+    cache, capsys, monkeypatch, tmp_path
+):
+    # An installed distribution whose beatloop entry point names a module that is not there.
+    info = tmp_path / "site" / "brokenplug-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[beatloop]\nbroken = brokenplug_absent\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    expected = (
+        "beatloop: warning: beatloop plugin 'broken' (brokenplug) was not loaded: import "
+        "failed: ModuleNotFoundError: No module named 'brokenplug_absent'"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a user's terminal shows them
+        for options in (["--verbose"], ["--verbose"], []):  # a miss, then hits
+            registry_module.reset_registry()
+            assert main(["list", *options]) == 0
+            out, err = capsys.readouterr()
+            assert err.splitlines() == [expected], err
+            assert "RuntimeWarning" not in err and "warn(" not in err
+            assert ("failed plugin broken [brokenplug]" in out) == bool(options)
+    assert cache_file(cache).exists()
 
 
 # -- as a command, in new processes ----------------------------------------------------

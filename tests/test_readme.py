@@ -2,6 +2,7 @@
 blocks whose results say more than that they ran (``test_docs.py`` runs the others)."""
 
 import re
+import tempfile
 
 import pytest
 import tensorflow as tf
@@ -12,6 +13,14 @@ from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 
 README = ROOT / "README.md"
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Blocks run with the current directory, and ``tempfile``'s, in ``tmp_path``: what
+    they write never lands in the checkout."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def test_write_your_own_recipe_block_runs(monkeypatch, capsys):

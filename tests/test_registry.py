@@ -3,6 +3,7 @@
 import importlib
 import sys
 import textwrap
+import warnings
 
 import pytest
 import tensorflow as tf
@@ -287,10 +288,15 @@ def test_list_verbose_shows_failed_plugins(install_plugin, capsys):
 
     install_plugin("bl-broken", "bl_test_broken", "raise ImportError('missing dependency xyz')\n")
     registry_module.reset_registry()
-    with pytest.warns(RuntimeWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a user's terminal shows them
         assert main(["list", "--verbose"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "failed plugin bl_test_broken [bl-broken]: import failed: ImportError: missing" in out
+    assert err == (  # one line, --verbose or not
+        "beatloop: warning: beatloop plugin 'bl_test_broken' (bl-broken) was not loaded: "
+        "import failed: ImportError: missing dependency xyz\n"
+    )
     assert "\nsupervised  " in out and out.startswith("gan  ")
 
 

@@ -132,3 +132,48 @@ def test_a_run_file_names_its_data_and_the_replay_reads_it_again(tmp_path, capsy
     assert code == 0 and first.splitlines()[0] == second.splitlines()[0]
     a, b = model_variables(tmp_path / "a"), model_variables(tmp_path / "b")
     assert all(np.array_equal(a[name], b[name]) for name in a)
+
+
+def test_a_run_json_of_another_recipe_is_one_short_line(tmp_path, capsys):
+    import attrs
+
+    from beatloop.recipes.gan import Gan
+
+    config = json.loads(json.dumps(attrs.asdict(Gan.Config()), default=str))
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "run.json").write_text(json.dumps({"recipe": "gan", "config": config}))
+    argv = [
+        "run",
+        "supervised",
+        "--config",
+        tmp_path / "g" / "run.json",
+        "--run-dir",
+        tmp_path / "r",
+    ]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(
+        f"beatloop: error: {tmp_path / 'g' / 'run.json'} is a run of recipe 'gan', not "
+        "'supervised': run it without naming a recipe (beatloop run --config "
+    )
+    assert len(err.replace(str(tmp_path / "g" / "run.json"), "g/run.json")) < 200, err
+    assert "fields" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_file_whose_config_is_another_recipes_names_it(tmp_path, capsys):
+    (tmp_path / "gan.toml").write_text('recipe = "gan"\n[config]\nn_critic = 2\nlatent_dim = 4\n')
+    argv = ["run", "supervised", "--config", tmp_path / "gan.toml", "--run-dir", tmp_path / "r"]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(
+        f"beatloop: error: {tmp_path / 'gan.toml'} is a run file of recipe 'gan', not "
+        "'supervised': its [config] has fields 'supervised' lacks (latent_dim, n_critic); "
+    )
+    # Fields both recipes have: the recipe named on the command line runs with them.
+    shared = TINY.replace('"supervised"', '"gan"') + "[config]\nhidden = 8\nbatch_size = 256\n"
+    (tmp_path / "shared.toml").write_text(shared)
+    argv = ["run", "supervised", "--config", tmp_path / "shared.toml", "--run-dir", tmp_path / "s"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert out.startswith("supervised: 2 epoch(s), 12 steps, seed 3")

@@ -29,6 +29,7 @@ from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.loss_watch import loss_watches
 from beatloop.core.metrics import StepMetrics
+from beatloop.core.naming import RunNames, warn_history_named
 from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
@@ -61,6 +62,9 @@ class RunParts:
     #: weights on the same data give the same figures, and validating draws nothing
     #: from the run's generator (training is the same with or without it).
     validation_random: tf.random.Generator | None = None
+    #: The run's Keras name counters: its parts were built and traced in their scope,
+    #: and so is any loop traced later (``beatloop.core.naming``).
+    names: RunNames = attrs.field(factory=RunNames)
 
 
 def assemble(
@@ -75,8 +79,18 @@ def assemble(
     strategy: tf.distribute.Strategy | None = None,
 ) -> RunParts:
     """Build and check every part of a run of ``recipe`` on ``data``; ``models`` (or
-    ``.keras`` paths) and ``optimizers`` replace the recipe's parts of the same names."""
+    ``.keras`` paths) and ``optimizers`` replace the recipe's parts of the same names.
+    Everything is built and traced under the run's own Keras name counters, so the
+    graphs do not depend on what the process built before."""
     label = label or f"recipe {recipe.name!r}"
+    warn_history_named(models or {}, label)
+    names = RunNames()
+    with names.scope():
+        parts = _assemble(recipe, data, options, models, optimizers, seed, label, strategy)
+    return attrs.evolve(parts, names=names)
+
+
+def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) -> RunParts:
     _check_strategy(strategy, options)
     counters = Counters()  # host counters, advanced outside the replicas
     spec = data.train.element_spec

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from beatloop.core.errors import CheckpointError
 from beatloop.core.record import RunRecord
+from beatloop.core.run_dir import writing
 
 PREFIX = "ckpt"
 # What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),
@@ -75,14 +76,15 @@ class RunCheckpoints:
             self._parts[DIVERGENCE] = list(divergence)
         self.checkpoint = tf.train.Checkpoint(**self._parts)
         self.max_to_keep = max_to_keep
+        #: Whether each checkpoint is readable, as far as this process knows: those it
+        #: wrote or restored are, those it could not read are not (``_prune``).
+        self._readable: dict[str, bool] = {}
         self.manager = self._manager()
 
     def _manager(self) -> tf.train.CheckpointManager:
+        """TensorFlow's manager, keeping every checkpoint: ``_prune`` chooses which go."""
         return tf.train.CheckpointManager(
-            self.checkpoint,
-            str(self.directory),
-            max_to_keep=self.max_to_keep,
-            checkpoint_name=PREFIX,
+            self.checkpoint, str(self.directory), max_to_keep=None, checkpoint_name=PREFIX
         )
 
     # --- reading -------------------------------------------------------------------------
@@ -109,6 +111,7 @@ class RunCheckpoints:
                 record = read_record(path)
             except _UNREADABLE as error:
                 failures.append(path)
+                self._readable[path] = False
                 _warn_unreadable(path, error)
                 continue
             record.refuse_if_different(expected, self.directory)
@@ -118,8 +121,10 @@ class RunCheckpoints:
                 host = json.loads(self._host.numpy().decode("utf-8"))
             except (*_UNREADABLE, AssertionError) as error:
                 failures.append(path)
+                self._readable[path] = False
                 _warn_unreadable(path, error)
                 continue
+            self._readable[path] = True
             return path, host
         if failures:
             raise CheckpointError(
@@ -170,7 +175,7 @@ class RunCheckpoints:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._rebuild_index()
-            return self.manager.save(checkpoint_number=number)
+            path = self.manager.save(checkpoint_number=number)
         except (tf.errors.OpError, OSError) as error:
             self._remove_partial(number)
             kept = ", ".join(Path(p).name for p in self.paths()) or "none"
@@ -178,6 +183,10 @@ class RunCheckpoints:
                 f"could not write checkpoint {PREFIX}-{number} in {self.directory}: "
                 f"{_first_line(error)}; earlier checkpoints are intact ({kept})"
             ) from None
+        self._readable[path] = True
+        with writing(self.directory / "checkpoint", "remove the oldest checkpoints beside"):
+            self._prune()
+        return path
 
     def _rebuild_index(self) -> None:
         """An index (``checkpoint``) that was deleted or damaged while checkpoint files
@@ -186,12 +195,48 @@ class RunCheckpoints:
         found = checkpoint_files(self.directory)
         if list(self.manager.checkpoints) or not found:
             return
-        names = [Path(path).name for path in found]
-        stamps = [Path(f"{path}.index").stat().st_mtime for path in found]
+        self._write_index(found)
+
+    def _prune(self) -> None:
+        """Keep the newest ``max_to_keep`` readable checkpoints, and any unreadable one
+        newer than the oldest of those: a damaged checkpoint never displaces a good one,
+        and goes once good ones newer than it are enough. The rest are deleted."""
+        paths, good = list(self.manager.checkpoints), 0
+        for oldest_kept in range(len(paths) - 1, -1, -1):  # newest first, until enough
+            good += self._is_readable(paths[oldest_kept])
+            if good == self.max_to_keep:
+                break
+        if good < self.max_to_keep or oldest_kept == 0:
+            return
+        for path in paths[:oldest_kept]:
+            for name in (".index", ".data-?????-of-?????"):
+                for found in self.directory.glob(Path(path).name + name):
+                    found.unlink(missing_ok=True)
+        self._write_index(paths[oldest_kept:])
+
+    def _is_readable(self, path: str) -> bool:
+        """Whether every tensor of ``path`` reads back (TensorFlow checks each one's
+        checksum); asked once per checkpoint, as this process did not write it."""
+        if path not in self._readable:
+            try:
+                reader = tf.train.load_checkpoint(path)
+                for key in reader.get_variable_to_shape_map():
+                    reader.get_tensor(key)
+                self._readable[path] = True
+            except _UNREADABLE:
+                self._readable[path] = False
+        return self._readable[path]
+
+    def _write_index(self, paths: Sequence[str]) -> None:
+        """Write the index listing ``paths`` (oldest first; the last is the latest), as
+        TensorFlow's ``CheckpointState`` text, atomically, and read it back."""
+        paths = [path for path in paths if Path(f"{path}.index").exists()]  # gone: unlisted
+        names = [Path(path).name for path in paths]
+        stamps = [Path(f"{path}.index").stat().st_mtime for path in paths]
         lines = [f'model_checkpoint_path: "{names[-1]}"']
         lines += [f'all_model_checkpoint_paths: "{name}"' for name in names]
         lines += [f"all_model_checkpoint_timestamps: {stamp!r}" for stamp in stamps]
-        index = self.directory / "checkpoint"  # TensorFlow's CheckpointState, as text
+        index = self.directory / "checkpoint"
         partial = index.with_name("checkpoint.partial")
         partial.write_text("\n".join(lines) + "\n", encoding="utf-8")
         partial.replace(index)
@@ -203,6 +248,22 @@ class RunCheckpoints:
                 shutil.rmtree(leftover, ignore_errors=True)
             else:
                 leftover.unlink(missing_ok=True)
+
+
+def remove_leftovers(directory: Path) -> list[str]:
+    """Remove what saves killed half-way left in ``directory``: TensorFlow's
+    ``ckpt-N_temp`` folders and a half-written index (``checkpoint.partial``). Called when
+    a run starts, with the run dir's lock held; returns the names removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [*directory.glob(f"{PREFIX}-*_temp"), *directory.glob("checkpoint.partial")]
+    for leftover in found:
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+    return sorted(leftover.name for leftover in found)
 
 
 def checkpoint_files(directory: Path) -> list[str]:

@@ -41,18 +41,18 @@ def make_config(config_cls: type, overrides: Mapping[str, Any] | None, owner: st
     """Return ``config_cls(**overrides)``, or a ``ConfigError`` naming each bad field."""
     overrides = dict(overrides or {})
     fields = {f.name: f for f in config_fields(config_cls)}
-    problems = []
+    unknown = [key for key in overrides if key not in fields]
+    problems = [
+        f"{owner} has no config field {key!r}{did_you_mean(key, fields)}" for key in unknown
+    ]
+    if unknown:  # the fields that exist, once, however many names were wrong
+        problems[-1] += f"; fields: {', '.join(fields) or '(none)'}"
     values = {}
     for key, value in overrides.items():
-        field = fields.get(key)
-        if field is None:
-            problems.append(
-                f"{owner} has no config field {key!r}{did_you_mean(key, fields)}; "
-                f"fields: {', '.join(fields) or '(none)'}"
-            )
+        if key in unknown:
             continue
         try:
-            values[key] = _check_type(value, field.type, key)
+            values[key] = _check_type(value, fields[key].type, key)
         except ConfigError as error:
             problems.append(str(error))
     if problems:

@@ -74,6 +74,17 @@ class Counters:
         """All counters as Python ints (reads variables: call between compiled calls)."""
         return {name: int(getattr(self, name)) for name in self.NAMES}
 
+    def where(self) -> str:
+        """Where the run is, in the words every message uses (epochs counted from 1, as
+        the progress lines and ``history.jsonl`` count them): ``step 30, in epoch 2``
+        within an epoch, ``step 23, end of epoch 1`` between epochs (reads variables)."""
+        step, epoch = int(self.step), int(self.epoch)
+        if int(self.epoch_batches) > 0:
+            return f"step {step}, in epoch {epoch + 1}"
+        if epoch == 0:
+            return f"step {step}, before epoch 1"
+        return f"step {step}, end of epoch {epoch}"
+
     def checkpointed(self) -> dict[str, tf.Variable]:
         """The counter variables under the names checkpoints store them by."""
         return {stored: getattr(self, name) for name, stored in _CHECKPOINT_NAMES.items()}

@@ -17,7 +17,8 @@ EXIT_CODES = {
     3: "a data error",
     4: "numerics: a non-finite or diverging loss or gradient",
     5: "a run dir or checkpoint error",
-    130: "interrupted (Ctrl-C)",
+    130: "interrupted by Ctrl-C (SIGINT), after saving a checkpoint",
+    143: "stopped by SIGTERM (kill, Slurm, Docker, Kubernetes), after saving a checkpoint",
 }
 
 
@@ -328,8 +329,23 @@ class RunawayLossWarning(RuntimeWarning):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) stopped a run after it saved a checkpoint to resume from."""
+    """Ctrl-C (SIGINT) or SIGTERM stopped a run, after it saved a checkpoint to resume
+    from (``checkpoint``; ``None`` when a second signal stopped it at once).
 
-    def __init__(self, message: str, checkpoint: str | None):
+    ``signal`` is the signal's number; ``exit_code`` the command line's exit status for
+    it, 128 plus that number as shells report a death by signal: 130 for Ctrl-C, 143
+    for SIGTERM (``EXIT_CODES``)."""
+
+    def __init__(self, message: str, checkpoint: str | None, signal: int = 2):
         super().__init__(message)
         self.checkpoint = checkpoint
+        self.signal = signal
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal
+
+
+class ReproducibilityWarning(UserWarning):
+    """A run started where its bits cannot match a fresh process's run of the same seed
+    (e.g. models passed in ``models=`` whose Keras names order otherwise)."""

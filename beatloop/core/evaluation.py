@@ -107,9 +107,10 @@ class Evaluation:
         key = (limit, tuple((name, str(s)) for name, s in sorted(spec.items())))
         if key not in self._loops:
             parts = self.parts
-            self._loops[key] = validation_loop(
-                parts.recipe, parts.bound, parts.validation_metrics, spec, self.options,
-                steps_per_execution=limit, strategy=self.strategy, label=parts.label,
-                random=parts.validation_random, role=role,
-            )  # fmt: skip
+            with parts.names.scope():  # named as if traced with the run's other loops
+                self._loops[key] = validation_loop(
+                    parts.recipe, parts.bound, parts.validation_metrics, spec, self.options,
+                    steps_per_execution=limit, strategy=self.strategy, label=parts.label,
+                    random=parts.validation_random, role=role,
+                )  # fmt: skip
         return self._loops[key]

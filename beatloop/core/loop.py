@@ -51,12 +51,14 @@ class CallResult:
 class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
-    Compiled for the data set's element spec (batch dimension unknown), so a short last
-    batch reuses the same trace: on construction the one function its calls run, the
-    one-step call when K is 1, else the K-step loop, which then runs every call, those
-    of fewer steps included (one graph: Grappler may optimise a conditional and a loop
-    body apart, and a recipe with second-order gradients can then differ in the last
-    bit, so results would depend on where calls end); ``trace_count`` counts traces. A step returns
+    Compiled for the data set's element spec (the batch dimension unknown unless the data
+    set fixes it, e.g. with ``drop_remainder=True``), so a short last batch reuses the
+    same trace (docs/schedules.md: what that means for comparisons): on construction
+    the one function its calls run, the one-step call when K is 1, else the K-step
+    loop, which then runs every call, those of fewer steps included (one graph:
+    Grappler may optimise a conditional and a loop body apart, and a recipe with
+    second-order gradients can then differ in the last bit, so results would depend on
+    where calls end); ``trace_count`` counts traces; ``graph`` is the traced graph. A step returns
     ``(checks, examples)`` with ``checks`` of ``checks`` rows; the loop stops early at the
     end of the data or at a step whose checks are not all finite. With a ``divergence``
     guard each step's checks pass through it (a column added, the guard's window
@@ -144,6 +146,15 @@ class CompiledLoop:
         """The one-step function (traced on first use; only a loop of K=1 runs it),
         ``None`` when the K-step function serves both."""
         return self._function("one")
+
+    @property
+    def graph(self) -> tf.Graph | None:
+        """The traced graph of the function this loop's calls run (its node names are
+        what Grappler orders sums by); ``None`` when the loop runs eagerly or is
+        distributed (traced by ``tf.function`` on its first call)."""
+        if not self._functions["multi"][1]:
+            return None
+        return (self._one if self.steps_per_execution == 1 else self._multi).graph
 
     def first_step_number(self) -> tf.Tensor:
         """The number of the call's first step: steps run before it."""

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from beatloop.core.errors import CheckpointError
-from beatloop.core.run_dir import writing
+from beatloop.core.run_dir import replace_file
 
 
 def _lines(value) -> tuple[str, ...]:
@@ -181,14 +181,16 @@ def update_run_json(path: Path, **facts: Any) -> None:
     _write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **facts})
 
 
+def read_run_json(path: Path) -> dict[str, Any]:
+    """An existing ``run.json``'s content (``{}`` when there is none, or it is not JSON)."""
+    try:
+        content = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
+
+
 def _write_json(path: Path, content: dict) -> None:
     """Write ``content`` to a temporary file, then rename it over ``path``: the file is
     whole or old."""
-    text = json.dumps(content, indent=2, default=str)
-    temporary = path.with_suffix(".json.tmp")
-    with writing(path):
-        try:
-            temporary.write_text(text + "\n", encoding="utf-8")
-            temporary.replace(path)
-        finally:
-            temporary.unlink(missing_ok=True)
+    replace_file(path, json.dumps(content, indent=2, default=str) + "\n")

@@ -1,9 +1,10 @@
-"""Recovery: checkpoint save and restore, rollback after a fault, and Ctrl-C.
+"""Recovery: checkpoint save and restore, rollback after a fault, Ctrl-C and SIGTERM.
 
 The engine tells ``Recovery`` where the run is (the start, a call boundary, an
 epoch's end, a faulted call); Recovery decides whether to save, restores on resume and
-on rollback, and turns Ctrl-C into a checkpoint at the next call boundary. Without a run
-dir there is nothing to save: faults stop the run, and Ctrl-C interrupts as usual.
+on rollback, and turns Ctrl-C and SIGTERM into a checkpoint at the next call boundary.
+Without a run dir there is nothing to save: faults stop the run, and the signals act as
+usual.
 """
 
 from __future__ import annotations
@@ -16,40 +17,56 @@ import warnings
 from beatloop.core.callbacks import CallbackList
 from beatloop.core.checkpoints import RunCheckpoints
 from beatloop.core.counters import Counters
-from beatloop.core.errors import NumericsError, RunInterrupted
+from beatloop.core.errors import ConfigError, NumericsError, RunInterrupted
 from beatloop.core.loop import CallResult
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import describe_checks
 from beatloop.core.options import EngineOptions
 from beatloop.core.record import RunRecord
 
+#: The signals a run with a run dir turns into a checkpoint and a stop: Ctrl-C, and what
+#: kill, Slurm, Docker and Kubernetes send.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class InterruptFlag:
-    """Turns Ctrl-C (SIGINT) into a request the engine acts on between compiled calls,
-    so the state it checkpoints is whole; a second Ctrl-C interrupts at once."""
+    """Turns Ctrl-C (SIGINT) and SIGTERM into a request the engine acts on between
+    compiled calls, so the state it checkpoints is whole; a second one stops at once.
+
+    ``requested``: the number of the signal received (``None``: none)."""
 
     def __init__(self):
-        self.requested = False
+        self.requested: int | None = None
 
     @contextlib.contextmanager
     def catching(self, enabled: bool = True):
         if not enabled or threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.getsignal(signal.SIGINT)
+        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
         def request(signum, frame):
-            if self.requested:
-                signal.signal(signal.SIGINT, previous)
-                raise KeyboardInterrupt
-            self.requested = True
+            if self.requested is not None:
+                for number, handler in previous.items():
+                    signal.signal(number, handler)
+                if signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                raise RunInterrupted(
+                    f"stopped at once by a second {signal.Signals(signum).name}, without a "
+                    "checkpoint of this moment",
+                    None,
+                    signum,
+                )
+            self.requested = signum
 
-        self.requested = False
-        signal.signal(signal.SIGINT, request)
+        self.requested = None
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, request)
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 class Recovery:
@@ -99,6 +116,24 @@ class Recovery:
             self._saved_step = int(self.counters.step)
             self.resumed_from = path
         return self.resumed_from
+
+    def trains_more(self, epochs: int) -> bool:
+        """Whether a run of ``epochs`` has anything to train after the resume: ``False``
+        when the checkpoint holds exactly ``epochs`` finished epochs. A checkpoint past
+        ``epochs`` is refused with a ConfigError: training cannot go back, and a run.json
+        rewritten to the lower epochs would replay as another run."""
+        done, into = int(self.counters.epoch), int(self.counters.epoch_batches)
+        if self.resumed_from is None or epochs > done:
+            return True
+        if epochs == done and into == 0:
+            return False
+        held = f"{done} finished epoch(s)" + (f" and {into} step(s) of the next" if into else "")
+        raise ConfigError(
+            f"the run dir {self.checkpoints.directory.parent} holds {held} (step "
+            f"{int(self.counters.step)}), more than the {epochs} epoch(s) asked for "
+            f"(--epochs, epochs=); nothing was changed. Pass --epochs {done + 1} or more to "
+            "train it further, or another run dir (--run-dir, run_dir=) for a new run"
+        )
 
     def save(self) -> None:
         """Write a checkpoint now (with a run dir)."""
@@ -174,21 +209,24 @@ class Recovery:
             stacklevel=2,
         )
 
-    # --- Ctrl-C ------------------------------------------------------------------------
+    # --- Ctrl-C and SIGTERM ------------------------------------------------------------
 
     def catching_interrupts(self):
-        """While training: Ctrl-C asks for a stop at the next call boundary (with a run
-        dir, where a checkpoint can be saved; without one Ctrl-C interrupts at once)."""
+        """While training: Ctrl-C or SIGTERM asks for a stop at the next call boundary
+        (with a run dir, where a checkpoint can be saved; without one they act as usual:
+        Ctrl-C interrupts at once, SIGTERM ends the process)."""
         return self._interrupt.catching(enabled=self.checkpoints is not None)
 
     def stop_if_interrupted(self) -> None:
-        """After Ctrl-C: save a checkpoint at this call boundary and stop the run."""
-        if not self._interrupt.requested:
+        """After Ctrl-C or SIGTERM: save a checkpoint at this call boundary and stop."""
+        signum = self._interrupt.requested
+        if signum is None:
             return
         if int(self.counters.step) != self._saved_step or not self.saved:
             self.save()
+        by = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
         raise RunInterrupted(
-            f"interrupted at step {int(self.counters.step)} "
-            f"(epoch {int(self.counters.epoch) + 1}); checkpoint saved: {self.latest}",
+            f"{by} at {self.counters.where()}; checkpoint saved: {self.latest}",
             self.latest,
+            signum,
         )

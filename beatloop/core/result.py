@@ -12,6 +12,7 @@ import keras
 from beatloop.core.binding import BoundSchedule
 from beatloop.core.errors import BeatloopError
 from beatloop.core.recipe import Recipe
+from beatloop.core.run_dir import check_export_dir
 
 
 @attrs.frozen
@@ -74,6 +75,7 @@ class FitResult:
                 f"recipe {self.recipe.name!r} has no inference model to export in this "
                 "configuration (its result is what it saved in the run dir)"
             )
+        check_export_dir(Path(out))
         paths = {}
         for name, model in models.items():
             path = Path(out) / name

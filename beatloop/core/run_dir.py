@@ -1,10 +1,11 @@
 """The run dir on disk: checked before a run writes anything, created when the run
-starts, and every failed write there reported as one ``RunDirError``.
+starts (or when its lock is taken, ``run_lock.py``), written whole lines and whole
+files at a time, and every failed write there reported as one ``RunDirError``.
 
 A run that cannot start (bad data, a refused resume, a run dir that cannot be written)
-leaves the run dir exactly as it was: nothing is created or written before the checks
-pass and the run's parts are assembled, and what a run wrote before it failed at its
-first step (a label out of range in the first batch) is taken back.
+leaves the run dir exactly as it was: nothing but the lock file is created or written
+before the checks pass and the run's parts are assembled, and what a run wrote before
+it failed at its first step (a label out of range in the first batch) is taken back.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from beatloop.core.errors import RunDirError
 
 #: What the run writes inside its run dir, besides the files it names itself.
 WRITTEN = ("run.json", "history.jsonl", "checkpoints", "checkpoints/checkpoint")
+#: The files a run rewrites in place (not only adds to): a run that fails to start
+#: writes their bytes back.
+REWRITTEN = ("run.json", "history.jsonl", "history.csv")
+#: The lock file a run holds for its life (``run_lock.py``).
+LOCK_NAME = ".lock"
 
 _REASONS = {
     errno.ENOSPC: "the disk is full",
@@ -67,32 +73,100 @@ def check_run_dir(run_dir: Path) -> None:
         raise RunDirError(f"{checkpoints} is a file, not the run's checkpoint folder; {advice}")
 
 
-class RunDirBefore:
-    """The run dir as it was before a run started: which paths existed, and ``run.json``'s
-    bytes. A run that fails before its first step puts it back with ``put_back``, so
-    bad data or a bad model found at the first batch leaves no run dir behind, and a
-    resumed run's dir keeps its ``run.json``."""
+def check_export_dir(out: Path) -> None:
+    """Refuse an export folder the SavedModels could not be written to, before anything
+    is written: a file, a folder under a file, or one whose nearest existing folder is
+    not writable."""
+    out = Path(out)
+    advice = "name a new or empty folder as OUT (beatloop export RUN_DIR OUT; .export(out))"
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"export OUT {out} is a file, not a folder: {advice}")
+    existing = _nearest_existing(out)
+    if not existing.is_dir():
+        raise RunDirError(
+            f"export OUT {out} cannot be created: {existing} is a file, not a folder; {advice}"
+        )
+    if not _writable(existing):
+        raise RunDirError(
+            f"export OUT {out} cannot be written: {existing} is not writable (read-only, or "
+            f"owned by another user); make it writable, or {advice}"
+        )
 
-    def __init__(self, run_dir: Path):
+
+class RunDirBefore:
+    """The run dir as it was before a run started: which paths existed, and the bytes of
+    the files a run rewrites (``run.json``, the history files). A run that fails before
+    its first step puts it back with ``put_back``, so bad data or a bad model found at
+    the first batch leaves no run dir behind, and a resumed run's dir keeps its files.
+
+    Taken with the run dir's lock held (``created``: the lock created the run dir); the
+    lock file is the lock's to put back, on release."""
+
+    def __init__(self, run_dir: Path, *, created: bool = False):
         self.run_dir = Path(run_dir)
-        self.existed = self.run_dir.is_dir()
+        self.existed = self.run_dir.is_dir() and not created
         self.paths = set(self.run_dir.rglob("*")) if self.existed else set()
-        run_json = self.run_dir / "run.json"
-        self.run_json = run_json.read_bytes() if run_json.is_file() else None
+        self.contents = {
+            name: (self.run_dir / name).read_bytes()
+            for name in REWRITTEN
+            if self.existed and (self.run_dir / name).is_file()
+        }
 
     def put_back(self) -> None:
-        """Remove what the run added; restore ``run.json``."""
+        """Remove what the run added; write back the files it rewrote."""
         if not self.existed:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return
-        added = [p for p in self.run_dir.rglob("*") if p not in self.paths]
+        lock = self.run_dir / LOCK_NAME
+        added = [p for p in self.run_dir.rglob("*") if p not in self.paths and p != lock]
         for path in sorted(added, key=lambda p: len(p.parts), reverse=True):  # files first
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-        if self.run_json is not None:
-            (self.run_dir / "run.json").write_bytes(self.run_json)
+        for name, content in self.contents.items():
+            target = self.run_dir / name
+            if not target.is_file() or target.read_bytes() != content:
+                target.write_bytes(content)
+
+
+def append_line(path: Path, text: str) -> None:
+    """Append ``text`` (whole lines, ending with a newline) to ``path`` with a single
+    write, flushed to the disk: a run killed meanwhile leaves at most its last line torn
+    (a resume drops a torn last line)."""
+    data = text.encode("utf-8")
+    with writing(path):
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(descriptor, data)
+            while written < len(data):  # a short write (a signal, a pipe): the rest
+                written += os.write(descriptor, data[written:])
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flushed to the disk, then rename
+    it over ``path``: the file is whole, old or new, whenever the run is killed."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    with writing(path):
+        try:
+            with temporary.open("w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            temporary.replace(path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+def remove_leftovers(run_dir: Path) -> None:
+    """Remove the temporary files a killed run left half-written (``replace_file``'s):
+    called with the run dir's lock held, before the run writes."""
+    for name in REWRITTEN:
+        (Path(run_dir) / f"{name}.tmp").unlink(missing_ok=True)
 
 
 def create_run_dir(run_dir: Path) -> None:

@@ -9,6 +9,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import ConfigError
 from beatloop.core.run import Run
-from beatloop.core.run_dir import writing
+from beatloop.core.run_dir import append_line, replace_file, writing
 
 
 class History(Callback):
@@ -154,6 +155,10 @@ def decode_arrays(text: str) -> list:
         return [archive[f"arr_{i}"] for i in range(len(archive.files))]
 
 
+#: What ``EpochLogFile._epoch_of`` says of a torn line.
+_TORN = object()
+
+
 def _jsonable(value):
     """JSON has no NaN or infinity: write them as null."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
@@ -181,13 +186,36 @@ class EpochLogFile(Callback):
 
     def drop_after(self, epochs: int) -> None:
         """Keep only the rows of the first ``epochs`` epochs: a resumed run rewrites the
-        epochs its checkpoint did not include (written before a crash)."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if self.row_epoch(line) in (None, *range(1, epochs + 1))]
-        if len(kept) != len(lines):
-            temporary = self.path.with_name(self.path.name + ".tmp")
-            temporary.write_text("".join(kept), encoding="utf-8")
-            temporary.replace(self.path)
+        epochs its checkpoint did not include (written before a crash). A torn last line
+        (the run was killed while writing it: no newline, or not a row) goes too, with a
+        warning."""
+        with self.path.open(encoding="utf-8", newline="") as handle:  # line ends kept
+            lines = handle.read().splitlines(keepends=True)
+        kept, torn = [], 0
+        for line in lines:
+            epoch = self._epoch_of(line)
+            if epoch is _TORN:
+                torn += 1
+            elif epoch is None or 1 <= epoch <= epochs:
+                kept.append(line)
+        if torn:
+            warnings.warn(
+                f"{self.path}: dropped {torn} torn line(s) (a run killed while writing "
+                f"them); the rows after epoch {epochs}, the checkpoint's, are written again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if kept != lines:
+            replace_file(self.path, "".join(kept))
+
+    def _epoch_of(self, line: str):
+        """``row_epoch(line)``, or ``_TORN`` for a line cut short."""
+        if not line.endswith("\n"):
+            return _TORN
+        try:
+            return self.row_epoch(line)
+        except (ValueError, KeyError, TypeError):
+            return _TORN
 
     @staticmethod
     def row_epoch(line: str) -> int | None:
@@ -202,7 +230,8 @@ class EpochLogFile(Callback):
 
 class JsonLinesLogger(EpochLogFile):
     """Appends one JSON object per epoch (epoch, step and every logged figure) to
-    ``history.jsonl`` in the run dir; flushed each line so a crash loses nothing."""
+    ``history.jsonl`` in the run dir: each line one write, flushed to the disk, so a
+    crash loses nothing and tears at most the line being written."""
 
     callback_name = "jsonl"
     filename = "history.jsonl"
@@ -213,8 +242,7 @@ class JsonLinesLogger(EpochLogFile):
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         row = {k: _jsonable(v) for k, v in self.row(run, epoch, logs).items()}
-        with writing(self.path), self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_line(self.path, json.dumps(row) + "\n")
 
 
 class CsvLogger(EpochLogFile):
@@ -237,11 +265,12 @@ class CsvLogger(EpochLogFile):
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         if self._fields is None:
             self._fields = list(row)
-        with writing(self.path), self.path.open("a", encoding="utf-8", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self._fields, extrasaction="ignore")
-            if new_file:
-                writer.writeheader()
-            writer.writerow(row)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=self._fields, extrasaction="ignore")
+        if new_file:
+            writer.writeheader()
+        writer.writerow(row)
+        append_line(self.path, text.getvalue())  # header and row in one write
 
 
 class EarlyStopping(Callback):

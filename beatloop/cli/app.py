@@ -1,0 +1,40 @@
+"""``main``: parse the command line, run the command with TensorFlow's start-up lines
+filtered out and warnings on one line (``--verbose``: as they come), and turn whatever
+ended it into an exit code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from beatloop.cli.failure import report_failure
+from beatloop.cli.parser import COMMANDS, build_parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``beatloop`` command and return its exit code (see ``EXIT_CODES``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    command = {module.NAME: module for module in COMMANDS}[args.command]
+    try:
+        return _run(command, args)
+    except BaseException as error:  # every way out gets its line and its exit code
+        return report_failure(error, args.verbose)
+
+
+def _run(command, args) -> int:
+    """``command.run(args)`` in the terminal set-up the options ask for. ``list`` imports
+    TensorFlow on a cache miss only."""
+    from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
+
+    if args.verbose:
+        from beatloop.core import grappler_lines
+
+        with grappler_lines.shown():
+            return command.run(args)
+    if command.NAME == "list":
+        return command.run(args)
+    import_tensorflow_quietly()
+    with one_line_warnings():
+        return command.run(args)

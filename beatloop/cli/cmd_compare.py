@@ -1,0 +1,102 @@
+"""``beatloop compare NAME [--set FIELD=VALUE]... ``: recipes (or configs of one) side by
+side, each in its own process, in one table."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from beatloop.cli.options import add_data_options, add_steps_per_execution, command_parser
+
+NAME = "compare"
+
+#: The options that may also come after the recipe names, with their types.
+TRAILING = (("--epochs", int), ("--out", Path), ("--seed", int), ("--repeats", int),
+            ("--data", str), ("--validation-data", str))  # fmt: skip
+
+
+def add_command(commands) -> None:
+    compare = command_parser(
+        commands,
+        NAME,
+        help="recipes (or configs of one) side by side: speed, memory, losses, quality",
+        description="Run each recipe on its default data (or on --data) for the same number "
+        "of epochs, "
+        "each in its own process, and print one table; write OUT/compare.json and "
+        "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
+        "n_critic=5 supervised --epochs 3",
+    )
+    compare.add_argument(
+        "entries",
+        nargs=argparse.REMAINDER,
+        metavar="NAME [--set FIELD=VALUE]...",
+        help="recipes; each --set applies to the name before it",
+    )
+    compare.add_argument("--epochs", type=int, default=2, help="epochs per run")
+    compare.add_argument(
+        "--out", type=Path, default=None, help="where the table goes (default: runs/compare-TIME)"
+    )
+    compare.add_argument("--seed", type=int, default=0, help="the seed of every run")
+    compare.add_argument("--repeats", type=int, default=1, help="runs per entry (medians)")
+    add_steps_per_execution(compare)
+    add_data_options(compare)
+
+
+def run(args) -> int:
+    from beatloop.cli.options import data_option
+    from beatloop.compare import compare, format_table, parse_entries
+    from beatloop.core.errors import ConfigError
+    from beatloop.plugins.registry import get_recipe
+
+    tokens, options = _trailing_options(args)
+    data_option(args)  # --validation-data or --data-set without --data fails here
+    try:
+        entries = parse_entries(tokens)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    for entry in entries:
+        get_recipe(entry.recipe)  # an unknown name fails before anything runs
+    epochs = options.get("epochs", args.epochs)
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    out = options.get("out", args.out) or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows = compare(
+        entries,
+        epochs=epochs,
+        out=out,
+        seed=options.get("seed", args.seed),
+        repeats=options.get("repeats", args.repeats),
+        steps_per_execution=args.steps_per_execution,
+        data=args.data,
+        data_settings=tuple(args.data_set),
+        validation_data=args.validation_data,
+    )
+    print()
+    print(format_table(rows))
+    print(f"\nfigures: {out / 'compare.json'}\nloss curves: {out / 'loss_curves.png'}")
+    return 0
+
+
+def _trailing_options(args) -> tuple[list[str], dict]:
+    """The recipe entries, and the options given after them (argparse leaves those in
+    the entries); ``--data``, ``--validation-data`` and ``--data-set`` go into ``args``."""
+    from beatloop.core.errors import ConfigError
+
+    tokens, options = list(args.entries), {}
+    for flag, kind in TRAILING:
+        while flag in tokens:
+            at = tokens.index(flag)
+            if at + 1 >= len(tokens):
+                raise ConfigError(f"{flag} needs a value")
+            options[flag[2:]] = kind(tokens[at + 1])
+            del tokens[at : at + 2]
+    while "--data-set" in tokens:
+        at = tokens.index("--data-set")
+        if at + 1 >= len(tokens):
+            raise ConfigError("--data-set needs NAME=VALUE")
+        args.data_set.append(tokens[at + 1])
+        del tokens[at : at + 2]
+    args.data = options.get("data", args.data)
+    args.validation_data = options.get("validation-data", args.validation_data)
+    return tokens, options

@@ -1,0 +1,55 @@
+"""``beatloop evaluate RUN_DIR``: a run's validation figures at its latest checkpoint, on
+the recipe's validation data or on every example of ``--data``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from beatloop.cli.options import add_data_set_option, command_parser
+
+NAME = "evaluate"
+
+
+def add_command(commands) -> None:
+    evaluate = command_parser(
+        commands,
+        NAME,
+        help="a run's validation figures at its latest checkpoint (its recipe's validation "
+        "step: every beat's loss and every metric)",
+    )
+    evaluate.add_argument("run_dir", type=Path, help="the run dir to evaluate")
+    evaluate.add_argument(
+        "--data",
+        default=None,
+        metavar="KIND:PATH",
+        help="evaluate on every example of this source, e.g. csv:new.csv (see `beatloop "
+        "data`; default: the recipe's validation data)",
+    )
+    add_data_set_option(evaluate, "a parameter of the --data source (repeatable)")
+
+
+def run(args) -> int:
+    """Print one line per figure, ``NAME  VALUE`` (the value as Python writes the float:
+    exact), on the ``--data`` source's every example or the recipe's validation data."""
+    from beatloop.fitting import evaluate
+
+    figures = evaluate(args.run_dir, _evaluation_data(args))
+    width = max(map(len, figures), default=0)
+    for name, value in figures.items():
+        print(f"{name:<{width}}  {value!r}")
+    return 0
+
+
+def _evaluation_data(args):
+    """The data set ``evaluate --data`` names, read for the run's recipe and seed (its
+    batch size, its source defaults); ``None`` without ``--data``."""
+    from beatloop.cli.recorded import recorded_recipe
+    from beatloop.core.errors import ConfigError
+    from beatloop.sources import load_whole
+
+    if args.data is None:
+        if args.data_set:
+            raise ConfigError("--data-set needs --data KIND:PATH")
+        return None
+    record, recipe = recorded_recipe(args.run_dir, "evaluate")
+    return load_whole(args.data, args.data_set, recipe=recipe, seed=record.seed, role="evaluation")

@@ -1,0 +1,227 @@
+"""``beatloop run RECIPE``: train a recipe, from flags or a run file (``--config``), and
+print its final figures and where it wrote."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from beatloop.cli.options import (
+    add_common_options,
+    add_data_options,
+    add_set_option,
+    add_steps_per_execution,
+    command_parser,
+    data_option,
+)
+
+NAME = "run"
+
+
+def add_command(commands) -> None:
+    add_arguments(command_parser(commands, NAME, help="train a recipe"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option of ``run``, in the order its help lists them."""
+    _add_what_runs(parser)
+    _add_checkpoints_and_faults(parser)
+    _add_how_it_runs(parser)
+    add_data_options(parser)
+
+
+def _add_what_runs(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "recipe",
+        nargs="?",
+        default=None,
+        help="a registered recipe name (see `beatloop list`); may come from --config",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a TOML run file (recipe, epochs, seed, [config], callbacks, options), or a "
+        "run dir's run.json to run that run again; flags given here override it "
+        "(default: flags only)",
+    )
+    run.add_argument("--epochs", type=int, default=1, help="epochs in all (a resume included)")
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed Python, NumPy and TensorFlow (default: a random seed, or the checkpoint's)",
+    )
+    add_set_option(run, "override a config field (repeatable); see `beatloop show RECIPE`")
+    run.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where logs and checkpoints go (default: runs/RECIPE-TIME); a run dir that "
+        "holds checkpoints is resumed",
+    )
+
+
+def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also checkpoint every N steps (default: at each epoch's end only)",
+    )
+    run.add_argument("--max-to-keep", type=int, default=3, metavar="N", help="checkpoints kept")
+    run.add_argument(
+        "--on-nan",
+        choices=("raise", "rollback"),
+        default="raise",
+        help="on a non-finite (or diverging) loss or gradient: stop, or restore the last "
+        "checkpoint and skip the batch",
+    )
+    run.add_argument(
+        "--max-rollbacks", type=int, default=3, metavar="N", help="rollbacks before stopping"
+    )
+    run.add_argument(
+        "--divergence",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="also treat a beat's loss above FACTOR times its running median as a fault "
+        "(default: off)",
+    )
+    run.add_argument(
+        "--divergence-window",
+        type=int,
+        default=100,
+        metavar="N",
+        help="steps in the running median --divergence compares with",
+    )
+
+
+def _add_how_it_runs(run: argparse.ArgumentParser) -> None:
+    add_steps_per_execution(run)
+    run.add_argument(
+        "--callback",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a registered callback (repeatable)",
+    )
+    run.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a model from a .keras file in place of the recipe's NAME (repeatable); "
+        "required for the supplied models `beatloop show RECIPE` lists as required",
+    )
+    run.add_argument("--debug", action="store_true", help="run eagerly and check numerics")
+    run.add_argument("--jit-compile", action="store_true", help="compile the steps with XLA")
+    run.add_argument(
+        "--precision",
+        choices=("float32", "mixed_float16", "mixed_bfloat16"),
+        default="float32",
+        help="the models' compute precision",
+    )
+    run.add_argument(
+        "--strategy",
+        choices=("none", "mirrored", "multi_worker"),
+        default="none",
+        help="mirrored: every local device; multi_worker: the cluster in TF_CONFIG",
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
+
+
+def run(args) -> int:
+    from beatloop.cli.run_parts import model_paths, resume_notice, strategy
+    from beatloop.core.config import make_config, parse_settings
+    from beatloop.fitting import fit
+    from beatloop.plugins.registry import get_recipe, registry
+
+    args, file_config = _with_run_file(args)
+    cls = get_recipe(args.recipe)
+    owner = f"recipe {cls.name!r}"
+    overrides = {**file_config, **parse_settings(args.set, cls.Config, owner)}
+    make_config(cls.Config, overrides, owner)  # a bad field fails here, before anything runs
+    callbacks = [registry().callback(name).cls() for name in args.callback]
+    callbacks.append(resume_notice())
+    run_dir = args.run_dir or Path("runs") / f"{cls.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = fit(
+        cls, config=overrides, models=model_paths(args.model) or None, epochs=args.epochs,
+        seed=args.seed, steps_per_execution=args.steps_per_execution, callbacks=callbacks,
+        debug=args.debug, run_dir=run_dir, progress=not args.quiet,
+        checkpoint_every=args.checkpoint_every, max_to_keep=args.max_to_keep,
+        on_nan=args.on_nan, max_rollbacks=args.max_rollbacks, divergence=args.divergence,
+        divergence_window=args.divergence_window, jit_compile=args.jit_compile,
+        precision=args.precision, strategy=strategy(args.strategy), data=data_option(args),
+    )  # fmt: skip
+    _print_result(args, cls.name, result, run_dir)
+    return 0
+
+
+def _print_result(args, name: str, result, run_dir: Path) -> None:
+    """The run's final figures, the K it ran with, and where it wrote."""
+    final = {figure: values[-1] for figure, values in result.history.items()}
+    print(
+        f"{name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
+        + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
+    )
+    if args.steps_per_execution == "auto":
+        how = "chosen by" if result.engine.pace.settled else "still being timed by"
+        print(f"steps per call: {result.steps_per_execution} ({how} --steps-per-execution auto)")
+    print(f"run dir: {run_dir}")
+    if result.checkpoint:
+        print(f"checkpoint: {result.checkpoint}")
+    for artifact, path in result.artifacts.items():
+        print(f"{artifact}: {path}")
+
+
+def _with_run_file(args) -> tuple[argparse.Namespace, dict]:
+    """The run's options: the flags given, over the run file's values (``--config``),
+    over the flags' defaults; and the run file's config fields (``--set`` overrides
+    them). Without ``--config``: the flags, and no fields."""
+    from beatloop.core.errors import ConfigError
+    from beatloop.run_file import read_run_file
+
+    merged, fields = vars(args).copy(), {}
+    if args.config is not None:
+        run_file = read_run_file(args.config, {a.dest: a for a in _run_parser()._actions})
+        run_file.refuse_other_recipe(args.recipe, lambda: _field_names(args.recipe))
+        given = _given_options(args.argv)
+        merged.update({k: v for k, v in run_file.options.items() if k not in given})
+        merged["recipe"] = args.recipe or run_file.recipe
+        fields = run_file.config
+    if merged["recipe"] is None:
+        raise ConfigError(
+            "run needs a recipe: name it (beatloop run RECIPE) or give `recipe = ...` in "
+            "--config FILE"
+        )
+    return argparse.Namespace(**merged), fields
+
+
+def _field_names(recipe: str) -> list[str]:
+    """The config field names of the registered recipe ``recipe``."""
+    from beatloop.core.config import config_fields
+    from beatloop.plugins.registry import get_recipe
+
+    return [field.name for field in config_fields(get_recipe(recipe).Config)]
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    """The ``run`` command's options alone: what a run file's keys are checked against."""
+    parser = argparse.ArgumentParser(prog="beatloop run")
+    add_common_options(parser)
+    add_arguments(parser)
+    return parser
+
+
+def _given_options(argv: Sequence[str]) -> set[str]:
+    """The option names given on the command line (``beatloop run ...``: not taken from
+    their defaults)."""
+    parser = _run_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv[1:])))

@@ -1,0 +1,114 @@
+"""``beatloop show RECIPE``: a recipe's config fields, beat schedule, supplied models, the
+data it takes, and the variables each beat updates."""
+
+from __future__ import annotations
+
+from beatloop.cli.options import add_set_option, command_parser
+
+NAME = "show"
+
+
+def add_command(commands) -> None:
+    show = command_parser(commands, NAME, help="a recipe's config fields and beat schedule")
+    show.add_argument("recipe", help="a registered recipe name (see `beatloop list`)")
+    add_set_option(show, "override a config field")
+
+
+def run(args) -> int:
+    import attrs
+
+    from beatloop.core.config import config_fields, parse_settings, type_name
+    from beatloop.fitting import make_recipe
+    from beatloop.plugins.registry import get_recipe
+
+    cls = get_recipe(args.recipe)
+    recipe = make_recipe(cls, parse_settings(args.set, cls.Config, f"recipe {cls.name!r}"))
+    print(f"{cls.name}: {cls.description()}")
+    print("\nconfig:")
+    for field in config_fields(cls.Config):
+        default = field.default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory()
+        value = getattr(recipe.config, field.name)
+        print(f"  {field.name}: {type_name(field.type)} = {value!r}  (default {default!r})")
+    schedule = recipe.schedule()
+    print("\nschedule (one step):")
+    for line in schedule.describe().splitlines():
+        print(f"  {line}")
+    if cls.supplied_models:
+        print("\nsupplied models (models={NAME: model or .keras path}, --model NAME=PATH.keras):")
+        for name, supplied in cls.supplied_models.items():
+            print(f"  {name}: {supplied.describe()}")
+    _show_data(recipe)
+    _show_variables(recipe, schedule)
+    return 0
+
+
+def _show_data(recipe) -> None:
+    """The batches the recipe takes, and the data source parameters it sets."""
+    from beatloop.core.recipe import defines
+
+    keys = ", ".join(
+        f"{key} (at least {rank} dimension(s), batch first)"
+        for key, rank in dict(recipe.batch_keys).items()
+    )
+    print("\ndata (--data KIND:PATH, see `beatloop data`):")
+    print(f"  batch keys: {keys or '(any)'}")
+    if recipe.source_defaults:
+        settings = ", ".join(f"{k}={v}" for k, v in recipe.source_defaults.items())
+        print(f"  source parameters it sets (unless --data-set sets them): {settings}")
+    if defines(recipe, "default_data"):
+        print("  without --data: its built-in data")
+    else:
+        print("  without --data: none (it has no built-in data)")
+
+
+def _show_variables(recipe, schedule) -> None:
+    """The variables each beat updates in the recipe's default models, or why they
+    cannot be shown (no built-in data, no models built, a required model not built)."""
+    from beatloop.core.binding import bind
+
+    title = "\nvariables each beat updates (default models):"
+    lacking, models = _not_shown(recipe)
+    if lacking:
+        print(f"{title} not shown:")
+        for line in lacking:
+            print(f"  {line}")
+        return
+    supplied = frozenset(recipe.supplied_models)
+    optimizers, losses = recipe.build_optimizers(), recipe.losses()
+    bound = bind(
+        schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards()
+    )
+    print(title)
+    for line in bound.describe_variables().splitlines():
+        print(f"  {line}")
+
+
+def _not_shown(recipe) -> tuple[list[str], dict]:
+    """Why the recipe's default models cannot be built and bound (in Python's and the
+    command line's words), or no reason and the models."""
+    from beatloop.core.recipe import defines
+
+    lacking = []
+    if not defines(recipe, "default_data"):
+        lacking.append(
+            "it has no built-in data (no default_data): a run passes data=... (--data KIND:PATH)"
+        )
+    if not defines(recipe, "build_models"):
+        names = ", ".join(recipe.model_names())
+        lacking.append(
+            f"it builds no models (no build_models): a run passes models= with {names} "
+            "(--model NAME=PATH.keras for each)"
+        )
+    if lacking:
+        return lacking, {}
+    spec = recipe.default_data(0).train.element_spec
+    models = recipe.build_models(spec)
+    absent = [name for name in recipe.supplied_models if name not in models]
+    if absent:
+        them = "them" if len(absent) > 1 else "it"
+        lacking.append(
+            f"it builds no {', '.join(absent)}: a run supplies {them} (models= or --model)"
+        )
+    return lacking, models

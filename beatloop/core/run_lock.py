@@ -1,0 +1,130 @@
+"""One writer per run dir: an exclusive ``flock`` on ``RUN_DIR/.lock`` for a run's life.
+
+Two runs writing one run dir interleave their history and overwrite each other's
+checkpoints, so a run takes the lock before it reads or writes anything there and a
+second run is refused at once, naming the holder (its pid, host and start time, which
+the holder writes into the lock file). The kernel releases a ``flock`` when its holder
+dies, SIGKILL included, so a killed run never leaves the run dir locked.
+
+The lock file is left as the run found it: removed on release when this run created
+it, its former bytes written back when it was there before (left by a killed run), so a
+run that fails to start leaves its run dir byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from beatloop.core.errors import RunDirError
+from beatloop.core.run_dir import LOCK_NAME, writing
+
+
+class RunDirLock:
+    """The lock on one run dir, held from ``acquire`` to ``release``.
+
+    ``created_dir``: the run dir did not exist and was created to hold the lock file (a
+    run that fails to start removes it again)."""
+
+    def __init__(self, run_dir: Path, descriptor: int, previous: bytes | None, created_dir: bool):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.created_dir = created_dir
+        self._descriptor: int | None = descriptor
+        self._previous = previous
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> RunDirLock:
+        """Lock ``run_dir`` (created if missing) or raise a RunDirError naming the run
+        that holds it."""
+        run_dir = Path(run_dir)
+        created_dir = not run_dir.is_dir()
+        with writing(run_dir, "create"):
+            run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / LOCK_NAME
+        while True:  # until the file locked is the one at the path (see _same_file)
+            previous = path.read_bytes() if path.is_file() else None
+            with writing(path):
+                descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(descriptor)
+                raise RunDirError(_refusal(run_dir, path)) from None
+            if _same_file(descriptor, path):
+                break
+            os.close(descriptor)  # released and removed by its holder meanwhile: again
+        lock = cls(run_dir, descriptor, previous, created_dir)
+        lock._write(json.dumps(holder()).encode("utf-8") + b"\n")
+        return lock
+
+    def release(self) -> None:
+        """Give the lock up, leaving the lock file as it was found (calling it again does
+        nothing)."""
+        if self._descriptor is None:
+            return
+        descriptor, self._descriptor = self._descriptor, None
+        try:
+            if self._previous is None:
+                self.path.unlink(missing_ok=True)
+            else:
+                _overwrite(descriptor, self._previous)
+        except OSError:
+            pass  # the run dir went away (put back) or is read-only now: nothing to keep
+        finally:
+            os.close(descriptor)  # the flock goes with the last descriptor
+
+    def __enter__(self) -> RunDirLock:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def _write(self, content: bytes) -> None:
+        with writing(self.path):
+            _overwrite(self._descriptor, content)
+
+
+def holder() -> dict:
+    """What a lock file says about the run holding it."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else "",
+    }
+
+
+def _refusal(run_dir: Path, path: Path) -> str:
+    """The refusal of a second run: who holds the run dir, and what to do."""
+    try:
+        held = json.loads(path.read_text(encoding="utf-8"))
+        who = f"pid {held['pid']} on {held['host']}, started {held['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "its details are not written yet"
+    return (
+        f"the run dir {run_dir} is in use by another run ({who}); two runs on one run dir "
+        "would overwrite each other's checkpoints and history: wait for it to end, stop "
+        "it, or pass another run dir (--run-dir, run_dir=)"
+    )
+
+
+def _same_file(descriptor: int, path: Path) -> bool:
+    """Whether ``path`` still names the file ``descriptor`` locked: a holder removes its
+    lock file on release, so a file opened just before may be one nobody finds."""
+    try:
+        return os.stat(path).st_ino == os.fstat(descriptor).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _overwrite(descriptor: int, content: bytes) -> None:
+    """Replace the file's bytes with ``content``, written through to the disk."""
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, content, 0)
+    os.fsync(descriptor)
