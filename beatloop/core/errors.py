@@ -317,15 +317,13 @@ class ResumeWarning(UserWarning):
 
 
 class IgnoredSettingWarning(UserWarning):
-    """A setting a run is given that has no effect on it (the recipe's
-    ``validation_fraction`` with ``data=``, a config field only ``build_models`` reads
-    when ``models=`` gives every model): named, with why and what to do instead."""
+    """A setting a run is given that has no effect on it (``validation_fraction`` with
+    ``data=``, a field only ``build_models`` reads when ``models=`` gives every model)."""
 
 
 class RunawayLossWarning(RuntimeWarning):
-    """A beat's epoch loss that ran away (not finite, or over a million times its first
-    value) in a run whose divergence guard is off: shown once per run, at the epoch's
-    end; ``divergence=`` (``--divergence``) stops such a run instead."""
+    """A beat's epoch loss that ran away (not finite, or over 1e6 times its first value)
+    with the divergence guard off: once per run; ``divergence=`` stops such a run."""
 
 
 class RunInterrupted(KeyboardInterrupt):
