@@ -135,7 +135,7 @@ def test_models_whose_names_sort_otherwise_than_a_fresh_process_gives_are_warned
     assert history_named({"model": model}) == ["dense_9", "dense_10"]
     with pytest.warns(beatloop.ReproducibilityWarning, match=r"models= \(model\).*dense_9"):
         beatloop.fit(
-            "supervised", config={"hidden": 16}, models={"model": model}, epochs=1, seed=0,
+            "supervised", models={"model": model}, epochs=1, seed=0,
             steps_per_epoch=1, progress=False,
         )  # fmt: skip
 
@@ -154,6 +154,6 @@ def test_models_named_in_the_same_order_as_in_a_fresh_process_are_not_warned_of(
     with warnings.catch_warnings():
         warnings.simplefilter("error", beatloop.ReproducibilityWarning)
         beatloop.fit(
-            "supervised", config={"hidden": 16}, models={"model": numbered}, epochs=1, seed=0,
+            "supervised", models={"model": numbered}, epochs=1, seed=0,
             steps_per_epoch=1, progress=False,
         )  # fmt: skip
