@@ -77,6 +77,8 @@ _EXPORTS = {
     "UserCodeError": "beatloop.core.errors",
     "ResumeWarning": "beatloop.core.errors",
     "ReproducibilityWarning": "beatloop.core.errors",
+    "RunawayLossWarning": "beatloop.core.errors",
+    "IgnoredSettingWarning": "beatloop.core.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -117,6 +119,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         CheckpointError,
         ConfigError,
         DataError,
+        IgnoredSettingWarning,
         InputMismatchError,
         LabelRangeError,
         NumericsError,
@@ -124,6 +127,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         RegistrationError,
         ReproducibilityWarning,
         ResumeWarning,
+        RunawayLossWarning,
         RunDirError,
         RunInterrupted,
         ScheduleError,
