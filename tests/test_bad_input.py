@@ -163,6 +163,21 @@ def test_label_out_of_range_is_a_data_error(small_digits):
     assert str(caught.value) == message
 
 
+def test_label_advice_covers_the_whole_data_so_following_it_trains(small_digits):
+    """The first bad batch holds label 3, later ones 7 and 8: the advice names classes=9
+    (the whole data's largest label + 1), and that setting then trains."""
+    train, _ = small_digits
+    labels = train["y"].copy() % 3
+    labels[[5, 70, 160]] = [3, 7, 8]  # batches 1, 2 and 4 of 50
+    data = tf.data.Dataset.from_tensor_slices((train["x"], labels)).batch(50)
+    with pytest.raises(DataError) as caught:
+        beatloop.fit("supervised", data=data, config={"classes": 3}, steps_per_execution=1)
+    assert "has label 3 in 'y', outside [0, 3)" in str(caught.value)
+    assert str(caught.value).endswith("(--set classes=9)")
+    result = beatloop.fit("supervised", data=data, config={"classes": 9}, seed=0)
+    assert result.steps == -(-len(labels) // 50)
+
+
 def test_tuple_fields_read_from_the_command_line():
     from beatloop.core.config import parse_settings, type_name
     from beatloop.recipes.multitask import MultitaskConfig

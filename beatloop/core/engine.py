@@ -204,7 +204,7 @@ class Engine:
             started = time.perf_counter()
             self.callbacks.fire("execution_start", run)
             with (
-                data_errors("training", self.parts.label, self._labels),
+                data_errors("training", self.parts.label, self._labels, self.evaluation.data.train),
                 in_recipe(self.parts.label),
             ):
                 result = self.stream.train(self.parts.train_loop, limit)

@@ -53,7 +53,8 @@ class Evaluation:
         self.parts.validation_metrics.reset()
         if self.parts.validation_random is not None:
             self.parts.validation_random.reset_from_seed(self.seed)
-        with data_errors(role, self.parts.label, self._labels), in_recipe(self.parts.label):
+        data = self.data.validation if dataset is None else dataset
+        with data_errors(role, self.parts.label, self._labels, data), in_recipe(self.parts.label):
             self.stream.validate(loop, limit, dataset)
         if wait:
             self.stream.wait()
