@@ -110,8 +110,14 @@ def fit(
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
     ``checkpoint_every`` steps, keeping ``max_to_keep``), and a run dir that already
     holds checkpoints is *resumed*: training continues exactly where it stopped, up to
-    ``epochs`` in all. The seed is taken from the checkpoint when omitted; a different
-    recipe, config or seed is refused. ``on_nan="rollback"`` answers a non-finite loss or
+    ``epochs`` in all; ``epochs`` fewer than the run dir holds is refused (a
+    ``ConfigError``, nothing rewritten), as many returns at once, more continues the run
+    (``run.json`` records each start's ``epochs`` in ``epochs_asked``). A run holds a lock
+    on its run dir while it lives: a second run on it is refused (``RunDirError``, naming
+    the holder). SIGTERM, like Ctrl-C, saves a checkpoint at the next call boundary and
+    raises ``RunInterrupted`` (``exit_code`` 143; 130 for Ctrl-C). The seed is taken
+    from the checkpoint when omitted; a different recipe, config or seed is refused.
+    ``on_nan="rollback"`` answers a non-finite loss or
     gradient norm by restoring the last checkpoint and going on after the offending
     batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
 
