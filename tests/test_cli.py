@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import history_records, python_env
-from test_architecture import PACKAGE, cycles, module_graph
+from test_architecture import PACKAGE, cycles, long_functions, module_graph
 
 import beatloop
 from beatloop.cli import main
@@ -242,10 +242,4 @@ def test_the_cli_package_has_no_import_cycle_and_no_long_function():
     graph = {name: deps & set(graph) for name, deps in graph.items()}
     assert {"beatloop.cli.cmd_run", "beatloop.cli.parser", "beatloop.cli.failure"} <= set(graph)
     assert cycles(graph) == []
-    long_functions = [
-        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in (PACKAGE / "cli").glob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60
-    ]
-    assert long_functions == []
+    assert long_functions(PACKAGE / "cli") == []

@@ -20,20 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 
 import numpy as np
 from helpers import all_weights
+from resumable_run import SignalAt  # the same callback as the SIGKILL worker's
 
 import beatloop
-
-
-class SignalAt(beatloop.Callback):
-    """Sends this process ``signum`` once a compiled call ends at or past ``step``."""
-
-    def __init__(self, step: int, signum: int):
-        self.step, self.signum, self.sent = step, signum, False
-
-    def on_execution_end(self, run, steps, logs):
-        if not self.sent and run.step >= self.step:
-            self.sent = True
-            os.kill(os.getpid(), self.signum)
 
 
 class PauseAt(beatloop.Callback):
