@@ -181,7 +181,7 @@ class LabelRangeError(DataError):
         elif field is not None:
             message += f" — its classes come from the config field {field}, which is {classes!r}"
         needed = max(label, self.largest if self.largest is not None else label) + 1
-        if self.largest is not None and self.largest > label:
+        if self.largest is not None and self.largest > label and self.largest >= limit:
             message += f"; its largest label is {self.largest}"
         if label < 0:
             message += "; class labels count from 0: fix the labels"
