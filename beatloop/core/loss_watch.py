@@ -13,7 +13,7 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
-from beatloop.core.callbacks import Callback, Order, when
+from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import RunawayLossWarning
 from beatloop.core.metrics import LAST
 from beatloop.core.numerics import runaway_words
@@ -32,9 +32,16 @@ class LossWatch(Callback):
         self.beats = tuple(beats)
         self.first: dict[str, float] = {}
         self.warned = False
+        self._started = False
 
-    @when(once=1)
     def on_execution_end(self, run: Run, steps: int, logs: Mapping[str, float]) -> None:
+        # Runs after every call: one flag, not a filter (``when`` reads the step counter,
+        # a variable, at each call, which a run of one step per call would feel).
+        if self._started:
+            return
+        self._started = True
+        if run.step != steps:  # resumed: compared with its first epoch's loss instead
+            return
         for beat in self.beats:
             value = logs.get(LAST + beat)
             if value is not None and math.isfinite(value):
