@@ -70,6 +70,7 @@ def bind(
     *,
     forwards: Mapping[str, Callable] | None = None,
     supplied: frozenset[str] = frozenset(),
+    state: Mapping[str, tf.Variable] | None = None,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
@@ -79,8 +80,10 @@ def bind(
     the probe is traced on its replicas, where distributed variables have gradients.
     ``forwards`` are the forward functions the schedule's groups name.
     Variables of the ``supplied`` models (the recipe's ``supplied_models``) that no beat
-    updates count as frozen without being declared so.
+    updates count as frozen without being declared so. ``state`` is the recipe's state
+    (``Recipe.build_state``), which losses reach as ``models.state``.
     """
+    state = dict(state or {})
     if random is None:
         random = tf.random.Generator.from_seed(0)
     forwards = forwards or {}
@@ -97,11 +100,13 @@ def bind(
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
         problems += _build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
-        problems += _gradient_problems(groups, models, batch_spec, random, strategy, context)
+        problems += _gradient_problems(groups, models, batch_spec, random, strategy, context, state)
     if problems:
         raise ScheduleError(problems, context)
     beats = tuple(beat for group in groups for beat in group.beats)
-    return BoundSchedule(schedule, beats, tuple(groups), dict(models), dict(optimizers), random)
+    return BoundSchedule(
+        schedule, beats, tuple(groups), dict(models), dict(optimizers), random, state
+    )
 
 
 def _selected(beat: Beat, models, problems: list[str]) -> list[keras.Variable]:
@@ -252,7 +257,7 @@ def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
 
 
 def _gradient_problems(
-    groups, models, batch_spec, random, strategy=None, context="the schedule"
+    groups, models, batch_spec, random, strategy=None, context="the schedule", state=None
 ) -> list[str]:
     """Trace each beat's loss and gradients (nothing runs) and report None gradients;
     warn of losses that draw from global random ops (they break exact resume)."""
@@ -262,7 +267,7 @@ def _gradient_problems(
     def probe(batch):
         for group in groups:
             with new_operations() as created:
-                _, _, gradients = group.gradients(models, batch, random=random)
+                _, _, gradients = group.gradients(models, batch, random=random, state=state)
             global_random[_where(group)] = global_random_ops(created)
             for beat, grads in zip(group.beats, gradients, strict=True):
                 for variable, grad in zip(beat.variables, grads, strict=True):

@@ -77,9 +77,11 @@ class BoundBeat:
         *,
         training: bool = True,
         random: tf.random.Generator | None = None,
+        state: Mapping[str, tf.Variable] | None = None,
     ):
         """This (lone) beat's loss and outputs; ``training=False`` runs every model in
-        inference; ``random`` is the generator the loss draws noise from."""
+        inference; ``random`` is the generator the loss draws noise from, ``state`` the
+        recipe's state."""
         return forward(
             self.loss_fn,
             self.name,
@@ -88,6 +90,7 @@ class BoundBeat:
             self.regularised(models),
             batch,
             random,
+            state,
         )
 
 
@@ -107,15 +110,17 @@ class BoundGroup:
     def alone(cls, beat: BoundBeat) -> BoundGroup:
         return cls(beat.name, (beat,), None, beat.training, beat.repeat, beat.every)
 
-    def losses(self, models, batch, *, training: bool = True, random=None):
+    def losses(self, models, batch, *, training: bool = True, random=None, state=None):
         """``(losses, outputs)``: each beat's loss in order, and the outputs metrics may
         use by beat name (a group's forward outputs also under the group's name)."""
         if self.forward_fn is None:
             (beat,) = self.beats
-            loss, outputs = beat.forward(models, batch, training=training, random=random)
+            loss, outputs = beat.forward(
+                models, batch, training=training, random=random, state=state
+            )
             return [loss], {beat.name: outputs}
         mode = self.training if training else frozenset()
-        shared = shared_forward(self.forward_fn, self.name, models, mode, batch, random)
+        shared = shared_forward(self.forward_fn, self.name, models, mode, batch, random, state)
         losses, outputs = [], {self.name: shared}
         for beat in self.beats:
             regularised = beat.regularised(models)
@@ -125,14 +130,14 @@ class BoundGroup:
             losses.append(loss)
         return losses, outputs
 
-    def gradients(self, models, batch, *, weight=None, random=None):
+    def gradients(self, models, batch, *, weight=None, random=None, state=None):
         """``(losses, outputs, gradients)`` with every beat's gradients taken from the
         same state, one tape per beat; ``gradients[i]`` are beat ``i``'s (loss-scaled)
         gradients of its variables, ``None`` where its loss does not reach one. On a
         replica, ``weight`` is its share of the global batch."""
         with contextlib.ExitStack() as stack:
             tapes = [stack.enter_context(tf.GradientTape()) for _ in self.beats]
-            losses, outputs = self.losses(models, batch, random=random)
+            losses, outputs = self.losses(models, batch, random=random, state=state)
             scaled = [
                 beat.optimizer.scale_loss(loss if weight is None else loss * weight)
                 for beat, loss in zip(self.beats, losses, strict=True)
@@ -155,6 +160,9 @@ class BoundSchedule:
     models: Mapping[str, keras.Layer]
     optimizers: Mapping[str, keras.optimizers.Optimizer]
     random: tf.random.Generator = attrs.field(factory=lambda: tf.random.Generator.from_seed(0))
+    #: The recipe's state (``Recipe.build_state``): variables by name, reachable from
+    #: losses, updates and acting as ``models.state``; none when it declares none.
+    state: Mapping[str, tf.Variable] = attrs.field(factory=dict)
 
     def describe_variables(self) -> str:
         """Each beat followed by the paths and shapes of the variables it updates."""

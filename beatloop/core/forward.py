@@ -26,6 +26,7 @@ class ModelCalls(Mapping[str, Callable]):
     call (``models["discriminator"](x, training=True)``) overrides the beat's mode for
     that call. Float16/bfloat16 outputs of a mixed-precision model come back as float32.
     ``models.raw(name)`` gives the model itself (its variables, sub-models).
+    ``models.state`` is the recipe's state (``Recipe.build_state``): variables by name.
     ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
     (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
     uninterrupted one would have. In validation (and evaluation) it is validation's own
@@ -47,11 +48,13 @@ class ModelCalls(Mapping[str, Callable]):
         training: frozenset[str],
         random: tf.random.Generator | None = None,
         batch: Mapping[str, tf.Tensor] | None = None,
+        state: Mapping[str, tf.Variable] | None = None,
     ):
         self._models = models
         self._training = training
         self._random = random
         self._batch = batch
+        self._state = {} if state is None else state
 
     def __getitem__(self, name: str) -> Callable:
         model = self._models[name]
@@ -71,6 +74,12 @@ class ModelCalls(Mapping[str, Callable]):
     def is_training(self, name: str) -> bool:
         """Whether ``name`` runs in training mode in this beat."""
         return name in self._training
+
+    @property
+    def state(self) -> Mapping[str, tf.Variable]:
+        """The recipe's state: the variables its ``build_state`` made, by name (none when
+        it declares none), checkpointed with the models."""
+        return self._state
 
     @property
     def random(self) -> tf.random.Generator:
@@ -249,13 +258,14 @@ def forward(
     regularised: tuple[keras.Layer, ...],
     batch: Mapping[str, tf.Tensor],
     random: tf.random.Generator | None = None,
+    state: Mapping[str, tf.Variable] | None = None,
 ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """Run one beat's loss; add the regularisation losses of the models it updates.
 
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    calls = ModelCalls(models, training, random, batch)
+    calls = ModelCalls(models, training, random, batch, state)
     result = call_user(loss_fn, "loss", beat_name, calls, batch)
     return regularised_loss(result, beat_name, regularised)
 
@@ -267,9 +277,10 @@ def shared_forward(
     training: frozenset[str],
     batch: Mapping[str, tf.Tensor],
     random: tf.random.Generator | None = None,
+    state: Mapping[str, tf.Variable] | None = None,
 ):
     """Run a group's forward function once: the outputs each of its beats' losses take."""
-    calls = ModelCalls(models, training, random, batch)
+    calls = ModelCalls(models, training, random, batch, state)
     return call_user(forward_fn, "forward", f"group {group_name!r}", calls, batch)
 
 

@@ -92,7 +92,7 @@ class TrainStep:
         outputs = {}
         for repeat in range(group.repeat):
             values, outputs, gradients = group.gradients(
-                self.bound.models, batch, weight=weight, random=random
+                self.bound.models, batch, weight=weight, random=random, state=self.bound.state
             )
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 check_gradients(beat, grads)
@@ -190,7 +190,7 @@ class ValidationStep:
         outputs = {}
         for group in self.bound.groups:
             losses, group_outputs = group.losses(
-                self.bound.models, batch, training=False, random=random
+                self.bound.models, batch, training=False, random=random, state=self.bound.state
             )
             outputs.update(group_outputs)
             for beat, loss in zip(group.beats, losses, strict=True):
