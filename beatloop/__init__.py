@@ -22,6 +22,7 @@ _EXPORTS = {
     "Engine": "beatloop.core.engine",
     "EngineOptions": "beatloop.core.options",
     "DataSplit": "beatloop.core.batches",
+    "loop_data": "beatloop.core.data_origin",
     # data sources (--data KIND:PATH)
     "DataSource": "beatloop.sources",
     "SourceConfig": "beatloop.sources",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     )
     from beatloop.core.binding import bind
     from beatloop.core.callbacks import EVENTS, Callback, EventFilter, Order, when
+    from beatloop.core.data_origin import loop_data
     from beatloop.core.engine import Engine
     from beatloop.core.errors import (
         BeatloopError,

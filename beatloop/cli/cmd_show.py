@@ -1,5 +1,5 @@
-"""``beatloop show RECIPE``: a recipe's config fields, beat schedule, supplied models, the
-data it takes, and the variables each beat updates."""
+"""``beatloop show RECIPE``: a recipe's config fields, beat schedule, supplied models, its
+state, the data it takes, and the variables each beat updates."""
 
 from __future__ import annotations
 
@@ -39,9 +39,25 @@ def run(args) -> int:
         print("\nsupplied models (models={NAME: model or .keras path}, --model NAME=PATH.keras):")
         for name, supplied in cls.supplied_models.items():
             print(f"  {name}: {supplied.describe()}")
+    state = _show_state(recipe)
     _show_data(recipe)
-    _show_variables(recipe, schedule)
+    _show_variables(recipe, schedule, state)
     return 0
+
+
+def _show_state(recipe) -> dict:
+    """The recipe's state (``Recipe.build_state``), one line per variable; returns it
+    (binding's probe hands it to the losses)."""
+    from beatloop.core.recipe import defines
+    from beatloop.core.recipe_state import built_state, describe_state
+
+    if not defines(recipe, "build_state"):
+        return {}
+    state = built_state(recipe, f"recipe {recipe.name!r}")
+    print("\nrecipe state (models.state[NAME], in every checkpoint):")
+    for line in describe_state(state) or ["(none)"]:
+        print(f"  {line}")
+    return state
 
 
 def _show_data(recipe) -> None:
@@ -63,7 +79,7 @@ def _show_data(recipe) -> None:
         print("  without --data: none (it has no built-in data)")
 
 
-def _show_variables(recipe, schedule) -> None:
+def _show_variables(recipe, schedule, state=None) -> None:
     """The variables each beat updates in the recipe's default models, or why they
     cannot be shown (no built-in data, no models built, a required model not built)."""
     from beatloop.core.binding import bind
@@ -78,8 +94,9 @@ def _show_variables(recipe, schedule) -> None:
     supplied = frozenset(recipe.supplied_models)
     optimizers, losses = recipe.build_optimizers(), recipe.losses()
     bound = bind(
-        schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards()
-    )
+        schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards(),
+        state=state,
+    )  # fmt: skip
     print(title)
     for line in bound.describe_variables().splitlines():
         print(f"  {line}")

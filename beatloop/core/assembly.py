@@ -13,19 +13,17 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.batches import DataSplit, batch_shapes, check_split
-from beatloop.core.beats import Group
 from beatloop.core.binding import BoundSchedule, bind
+from beatloop.core.building import build_unbuilt
 from beatloop.core.callbacks import Callback
 from beatloop.core.counters import Counters
 from beatloop.core.errors import (
     BeatloopError,
     ConfigError,
     DataError,
-    InputMismatchError,
     UserCodeError,
     did_you_mean,
 )
-from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.loss_watch import loss_watches
 from beatloop.core.metrics import StepMetrics
@@ -34,6 +32,7 @@ from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
+from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
 from beatloop.core.supplied import loaded, missing_models
@@ -99,13 +98,16 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         random, validation_random = (tf.random.Generator.from_seed(seed) for _ in "tv")
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
+            state = built_state(recipe, label)
             with data_errors("training", label):  # models meet the training data here
-                _build_unbuilt(recipe, built_models, spec, random, label)
+                build_unbuilt(recipe, built_models, spec, random, label, state)  # traced
         built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
         with data_errors("training", label):
-            bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
+            bound = _bind(
+                recipe, built_models, built_optimizers, spec, random, label, strategy, state
+            )
         beat_names = [beat.name for beat in bound.beats]
         last_logged = [beat.name for beat in bound.beats if beat.log == "last"]
         train_metrics = StepMetrics(
@@ -282,45 +284,9 @@ def _replaced(
     return parts
 
 
-def _build_unbuilt(
-    recipe: Recipe, models: Mapping[str, keras.Layer], spec, random, label: str
-) -> None:
-    """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
-    by running every lone beat's loss and every group's forward once in inference mode on
-    a zero batch of the data's spec. They draw from a copy of ``random``, so the run's
-    stream still starts at its seed."""
-    if all(model.built for model in models.values()):
-        return
-    random = tf.random.Generator.from_state(random.state.read_value(), random.algorithm)
-    batch = {
-        key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
-        for key, s in spec.items()
-    }
-    losses, forwards = recipe.losses(), recipe.forwards()
-    for entry in recipe.schedule().beats:
-        grouped = isinstance(entry, Group)
-        name = entry.forward if grouped else entry.loss
-        function = (forwards if grouped else losses).get(name)
-        if function is None:  # binding names what is missing
-            continue
-        try:
-            if grouped:
-                shared_forward(function, entry.name, models, frozenset(), batch, random)
-            else:
-                forward(function, entry.name, models, frozenset(), (), batch, random)
-        except UserCodeError as error:
-            raise error.in_recipe(label, batch_shapes(spec)) from error.original
-        except InputMismatchError as error:  # found on the zero batch: show the data's shape
-            shape = spec[error.key].shape if error.key in spec else None
-            found = None if shape is None or shape.rank is None else tuple(shape.as_list())
-            raise error.completed(found=found) from None
-        except BeatloopError:
-            raise
-        except Exception as error:  # a user's model meeting the data: say which, briefly
-            raise DataError(failure_message(label, name, spec, error)) from None
-
-
-def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -> BoundSchedule:
+def _bind(
+    recipe, models, optimizers, spec, random, label: str, strategy=None, state=None
+) -> BoundSchedule:
     try:
         return bind(
             recipe.schedule(),
@@ -333,6 +299,7 @@ def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -
             strategy=strategy,
             forwards=recipe_functions(recipe, recipe.forwards()),
             supplied=frozenset(recipe.supplied_models),
+            state=state,
         )
     except UserCodeError as error:
         raise error.in_recipe(label, batch_shapes(spec)) from error.original

@@ -4,7 +4,8 @@ One ``tf.train.Checkpoint`` holds every model (with every variable, including th
 dropout seed states ``tf.train.Checkpoint`` would not find through the model), every
 optimizer, the run's counters (step, epoch, data position), the run's random
 generator, the training metrics (each beat's last loss value apart), with the divergence
-guard on its window of recent losses, and two JSON strings: the Python-side state of the
+guard on its window of recent losses, the recipe's state when it has any
+(``Recipe.build_state``), and two JSON strings: the Python-side state of the
 callbacks and the run's record (``RunRecord``) that a resume
 is checked against. TensorFlow writes the files first and the index
 (``checkpoint``) last with an atomic rename, so "latest" never names a half-written
@@ -37,6 +38,9 @@ _RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
 
 #: The checkpoint key of each beat's last loss value (kept since issue 14).
 LAST_VALUES = "last_values"
+#: The checkpoint key of the recipe's state (``Recipe.build_state``; only a recipe that
+#: has state writes it).
+RECIPE_STATE = "recipe_state"
 #: The checkpoint key of the divergence guard's window (only a run with the guard on
 #: writes it).
 DIVERGENCE = "divergence"
@@ -56,6 +60,7 @@ class RunCheckpoints:
         metric_variables: Sequence,
         last_values: Sequence = (),
         divergence: Sequence = (),
+        recipe_state: Mapping[str, tf.Variable] | None = None,
         max_to_keep: int = 3,
     ):
         self.directory = Path(directory)  # created by the first save
@@ -74,6 +79,8 @@ class RunCheckpoints:
         }
         if divergence:  # without the guard, checkpoints are as they were before it
             self._parts[DIVERGENCE] = list(divergence)
+        if recipe_state:  # a recipe without state writes checkpoints as before
+            self._parts[RECIPE_STATE] = dict(recipe_state)
         self.checkpoint = tf.train.Checkpoint(**self._parts)
         self.max_to_keep = max_to_keep
         #: Whether each checkpoint is readable, as far as this process knows: those it
@@ -333,5 +340,6 @@ def run_checkpoints(parts, run_dir: Path | None, options) -> RunCheckpoints | No
         metric_variables=parts.train_metrics.variables(),
         last_values=parts.train_metrics.last_variables(),
         divergence=parts.divergence.variables() if parts.divergence is not None else (),
+        recipe_state=parts.bound.state,
         max_to_keep=options.max_to_keep,
     )

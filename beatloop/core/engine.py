@@ -21,6 +21,7 @@ from beatloop.core.assembly import assemble
 from beatloop.core.batches import DataSplit
 from beatloop.core.callbacks import Callback, CallbackList
 from beatloop.core.checkpoints import run_checkpoints
+from beatloop.core.data_origin import recipe_options, warn_if_python_fed
 from beatloop.core.errors import ConfigError, DataError
 from beatloop.core.evaluation import Evaluation
 from beatloop.core.keras_callbacks import adapt_callbacks, warn_if_resumed
@@ -60,7 +61,7 @@ class Engine:
         label: str | None = None,
         strategy: tf.distribute.Strategy | None = None,
     ):
-        options = options or EngineOptions()
+        options = recipe_options(options or EngineOptions(), recipe)
         parts = assemble(
             recipe, data, options, models=models, optimizers=optimizers, seed=seed,
             label=label, strategy=strategy,
@@ -88,6 +89,7 @@ class Engine:
             metrics=parts.train_metrics,
             options=options,
         )
+        warn_if_python_fed(data.train, parts.label, run_dir)
         self.run = Run(
             recipe=recipe,
             bound=parts.bound,

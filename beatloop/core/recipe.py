@@ -51,6 +51,8 @@ class Recipe(abc.ABC):
     Optional: ``default_data(seed)`` (a ``DataSplit`` built from data that ships
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
     by name, built for batches of that spec; without it every run passes ``models=``),
+    ``build_state()`` (variables that are not models, see ``Recipe.build_state``),
+    ``steps_per_epoch`` (for data its own loop makes, see ``beatloop.loop_data``),
     ``supplied_models`` (models the user supplies, see ``SuppliedModel``),
     ``batch_keys`` (key -> minimum rank), ``primary_model`` (the model Keras callbacks
     see), ``source_defaults`` (data source parameters it wants, see
@@ -83,6 +85,10 @@ class Recipe(abc.ABC):
     #: flow). ``False``: they are traced as written, which starts a run sooner; for a
     #: recipe whose Python control flow never depends on a tensor's value.
     autograph: ClassVar[bool] = True
+    #: Steps in one epoch when the run passes no ``steps_per_epoch``: what a recipe whose
+    #: data its own loop makes (``beatloop.loop_data()``, endless) sets; ``None`` (the
+    #: default): an epoch is one pass over the training data.
+    steps_per_epoch: ClassVar[int | None] = None
 
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config
@@ -104,6 +110,13 @@ class Recipe(abc.ABC):
         """Create this recipe's models for batches of ``batch_spec``. Optional: a recipe
         without it is run with ``models=`` holding every model its schedule names."""
         raise ConfigError(no_models_message(f"recipe {self.name!r}", self.model_names()))
+
+    def build_state(self) -> dict[str, tf.Variable]:
+        """The recipe's state that is not a model (a replay buffer, environment state,
+        running statistics): non-trainable variables by name, built once in the
+        strategy's scope after the models, reached as ``models.state[name]`` in losses,
+        forwards, updates and acts, and written in every checkpoint. None by default."""
+        return {}
 
     def model_names(self) -> tuple[str, ...]:
         """The model names this recipe uses: its schedule's selectors, its beats'

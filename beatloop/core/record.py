@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from beatloop.core.errors import CheckpointError
+from beatloop.core.recipe_state import state_record
 from beatloop.core.run_dir import replace_file
 
 
@@ -39,7 +40,7 @@ class RunRecord:
     ``config`` holds the recipe's config as JSON values; ``schedule`` the lines of
     ``Schedule.describe()``; ``variables`` each model's variable shapes in order (shapes,
     not paths: Keras numbers layer names per process); ``data`` each training batch key's
-    ``TensorSpec`` as text.
+    ``TensorSpec`` as text; ``state`` the recipe state's shapes and dtypes.
     """
 
     recipe: str
@@ -49,6 +50,9 @@ class RunRecord:
     variables: dict = attrs.field(converter=_json)
     data: dict = attrs.field(converter=_json)
     precision: str = "float32"
+    #: The recipe state's variables (``Recipe.build_state``): name -> shape and dtype;
+    #: written out only when there is state, so records without it read as before.
+    state: dict = attrs.field(factory=dict, converter=_json)
     #: The config's defaults: a field the stored record lacks (added to the recipe since)
     #: counts as its default. Not written out, not compared.
     defaults: dict = attrs.field(factory=dict, converter=_json, eq=False)
@@ -67,6 +71,7 @@ class RunRecord:
             },
             data={key: str(spec) for key, spec in batch_spec.items()},
             precision=precision,
+            state=state_record(bound.state),
             defaults=_defaults(recipe.config),
         )
 
@@ -77,7 +82,8 @@ class RunRecord:
         return cls(**{key: value for key, value in stored.items() if key in fields})
 
     def to_json(self) -> dict[str, Any]:
-        stored = attrs.asdict(self, filter=lambda field, _: field.name != "defaults")
+        left_out = {"defaults", *(() if self.state else ("state",))}
+        stored = attrs.asdict(self, filter=lambda field, _: field.name not in left_out)
         return {**stored, "schedule": list(self.schedule)}
 
     def differences(self, current: RunRecord) -> list[str]:
@@ -99,6 +105,7 @@ class RunRecord:
             found.append(f"the schedule differs (now: {'; '.join(new or current.schedule)})")
         found += _shape_differences(self.variables, current.variables)
         found += _mapping_differences("data", self.data, current.data)
+        found += _mapping_differences("state", self.state, current.state)
         return found
 
     def refuse_if_different(self, current: RunRecord, directory: Path) -> None:

@@ -27,6 +27,7 @@ import tensorflow as tf
 from beatloop.core import grappler_lines
 from beatloop.core.batches import DataSplit
 from beatloop.core.counters import Counters
+from beatloop.core.data_origin import refuse_endless_loop_data
 from beatloop.core.errors import DataError
 from beatloop.core.loop import CallResult, CompiledLoop
 
@@ -202,6 +203,8 @@ def epoch_length(split: DataSplit, steps_per_epoch: int | None) -> int | None:
     for role, dataset in (("training", split.train), ("validation", split.validation)):
         if dataset is None or dataset.cardinality() != tf.data.INFINITE_CARDINALITY:
             continue
+        if role == "training" and steps_per_epoch is None:
+            refuse_endless_loop_data(dataset)
         if role == "validation" or steps_per_epoch is None:
             raise DataError(
                 f"the {role} data set repeats forever (.repeat() without a count); "

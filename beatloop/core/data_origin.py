@@ -1,0 +1,88 @@
+"""Where a run's training data come from, when that changes how it runs: the run's own
+loop (``loop_data``: endless one-example "ticks" for a recipe whose acts make its data),
+or Python state (``from_generator``, ``py_function``), which no checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import attrs
+import tensorflow as tf
+
+from beatloop.core.batches import DataSplit
+from beatloop.core.errors import ConfigError, ResumeWarning
+
+#: The batch key of loop data: each batch is ``{"tick": [0]}``, one example.
+TICK = "tick"
+
+#: Ops that run Python in a data set's graph: a generator's, or a ``py_function``'s /
+#: ``numpy_function``'s.
+_PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
+
+
+def loop_data() -> DataSplit:
+    """Training data for a recipe whose data its own loop makes (an agent acting in an
+    environment, filling a buffer in recipe state): an endless data set of one-example
+    batches ``{"tick": [0]}`` that only drives the steps. A recipe returns it from
+    ``default_data`` and sets ``steps_per_epoch`` (or a run passes it)."""
+    tick = tf.data.Dataset.from_tensors({TICK: tf.zeros([1], tf.int64)})
+    return DataSplit(tick.repeat())
+
+
+def is_loop_data(dataset: tf.data.Dataset) -> bool:
+    """Whether ``dataset`` gives ``loop_data``'s batches (by its element spec)."""
+    spec = dataset.element_spec
+    return isinstance(spec, dict) and set(spec) == {TICK} and spec[TICK].shape == [1]
+
+
+def recipe_options(options, recipe):
+    """``options`` with the recipe's ``steps_per_epoch`` where the run gives none."""
+    if options.steps_per_epoch is None and recipe.steps_per_epoch is not None:
+        return attrs.evolve(options, steps_per_epoch=recipe.steps_per_epoch)
+    return options
+
+
+def refuse_endless_loop_data(dataset: tf.data.Dataset) -> None:
+    """Loop data without ``steps_per_epoch``: a ConfigError saying what to set."""
+    if is_loop_data(dataset):
+        raise ConfigError(
+            "the training data are made by the recipe's own loop (beatloop.loop_data(), "
+            "endless ticks), so an epoch has no end of its own: set steps_per_epoch on the "
+            "recipe (a class attribute) or pass steps_per_epoch=N"
+        )
+
+
+def python_ops(dataset: tf.data.Dataset) -> list[str]:
+    """The ops of ``dataset``'s graph (its functions' too) that run Python, by type;
+    none when the graph cannot be read."""
+    try:
+        serialized = dataset._as_serialized_graph(
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
+        )
+        graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+    except Exception:  # a data set TensorFlow cannot serialise: nothing to say about it
+        return []
+    found = {node.op for node in graph.node}
+    for function in graph.library.function:
+        found.update(node.op for node in function.node_def)
+    return sorted(found & _PYTHON_OPS)
+
+
+def warn_if_python_fed(dataset: tf.data.Dataset, label: str, run_dir: Path | None) -> None:
+    """One ``ResumeWarning`` when a run with a run dir trains on data fed from Python
+    state: a resumed run would not continue as the uninterrupted one."""
+    found = python_ops(dataset) if run_dir is not None else []
+    if not found:
+        return
+    warnings.warn(
+        f"{label}: the training data set runs Python ({', '.join(found)}: from_generator, "
+        "py_function or numpy_function), whose state (a generator's position, a Python "
+        "buffer or environment) is in no checkpoint, so a resumed run cannot continue "
+        "exactly as the uninterrupted one. For exact resume, keep that state in recipe "
+        "state (Recipe.build_state) and make the data in the step with an Act entry "
+        "(beatloop.loop_data()), or build the data with deterministic tf.data ops",
+        ResumeWarning,
+        stacklevel=3,
+    )
