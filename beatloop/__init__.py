@@ -42,6 +42,10 @@ _EXPORTS = {
     "ClipByNorm": "beatloop.core.beats",
     "ClipByValue": "beatloop.core.beats",
     "ClipValues": "beatloop.core.beats",
+    "Update": "beatloop.core.updates",
+    "EMA": "beatloop.core.updates",
+    "Copy": "beatloop.core.updates",
+    "Act": "beatloop.core.updates",
     "ModelCalls": "beatloop.core.forward",
     "SuppliedModel": "beatloop.core.supplied",
     "bind": "beatloop.core.binding",
@@ -142,6 +146,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run
     from beatloop.core.supplied import SuppliedModel
+    from beatloop.core.updates import EMA, Act, Copy, Update
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (
         CsvLogger,

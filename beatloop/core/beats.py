@@ -2,8 +2,9 @@
 
 A ``Beat`` is one gradient update (a loss, the optimizer that applies it, the
 variables it updates); a ``Group`` is beats whose gradients all come from one
-forward computation and one state; a ``Schedule`` is the ordered beats and groups
-of one step plus the variables declared frozen or shared. None holds a TensorFlow
+forward computation and one state; a ``Schedule`` is the ordered entries of one
+step (beats, groups, and the updates and acts of ``beatloop.core.updates``) plus the
+variables declared frozen or shared. None holds a TensorFlow
 object: binding them to built models is ``beatloop.core.binding``'s job.
 """
 
@@ -15,6 +16,9 @@ from typing import Literal
 
 import attrs
 import tensorflow as tf
+
+from beatloop.core.errors import ScheduleError
+from beatloop.core.updates import Act, NonGradient, UpdateEntry
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -245,45 +249,57 @@ class Group:
 
 
 Step = Beat | Group
+#: What a schedule holds, in step order.
+Entry = Beat | Group | NonGradient
 
 
-def _entries(value) -> tuple[Step, ...]:
-    return (value,) if isinstance(value, Beat | Group) else tuple(value)
+def _entries(value) -> tuple[Entry, ...]:
+    return (value,) if isinstance(value, Entry) else tuple(value)
 
 
 def _flat(entries) -> tuple[Beat, ...]:
-    return tuple(b for e in entries for b in (e.beats if isinstance(e, Group) else (e,)))
+    """The beats of ``entries``, those in groups included (updates and acts left out)."""
+    return tuple(
+        b
+        for e in entries
+        if isinstance(e, Beat | Group)
+        for b in (e.beats if isinstance(e, Group) else (e,))
+    )
 
 
 @attrs.frozen
 class Schedule:
-    """The ordered beats (and groups of beats) of one training step, and the variables
-    frozen or shared.
+    """The ordered entries of one training step (beats, groups of beats, updates such
+    as ``EMA``, acts), and the variables frozen or shared. ``beats`` holds every entry.
 
     ``frozen`` selectors name trainable variables no beat may update (e.g. a fixed
     feature network); ``shared`` selectors name variables that several beats update on
     purpose (e.g. a multi-task backbone). Both use the selector syntax of ``Beat.updates``.
     """
 
-    beats: tuple[Step, ...] = attrs.field(converter=_entries)
+    beats: tuple[Entry, ...] = attrs.field(converter=_entries)
     frozen: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple, validator=_selectors)
     shared: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple, validator=_selectors)
 
     @beats.validator
     def _check_beats(self, attribute, value) -> None:
-        if not value:
+        if not any(isinstance(entry, Beat | Group) for entry in value):
             raise ValueError("a schedule needs at least one beat")
         for entry in value:
-            if not isinstance(entry, Beat | Group):
+            if not isinstance(entry, Entry):
                 raise TypeError(
-                    f"a schedule holds Beat and Group values, got {type(entry).__name__}"
+                    "a schedule holds Beat, Group, Update, EMA, Copy and Act values, got "
+                    f"{type(entry).__name__}"
                 )
-        names = [b.name for b in _flat(value)] + [g.name for g in value if isinstance(g, Group)]
+        names = [b.name for b in _flat(value)]
+        names += [e.name for e in value if not isinstance(e, Beat)]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(
-                "beat and group names must be unique within a schedule; repeated: "
-                f"{', '.join(repeated)} (give each a distinct `name`)"
+            raise ScheduleError(
+                [
+                    "beat, group, update and act names must be unique within a schedule; "
+                    f"repeated: {', '.join(repeated)} (give each a distinct `name`)"
+                ]
             )
 
     @property
@@ -301,8 +317,24 @@ class Schedule:
         """The schedule's groups, in step order."""
         return tuple(entry for entry in self.beats if isinstance(entry, Group))
 
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """Every entry in step order: beats, groups, updates and acts."""
+        return self.beats
+
+    @property
+    def updates(self) -> tuple[UpdateEntry, ...]:
+        """The updates (``Update``, ``EMA``, ``Copy``), in step order."""
+        return tuple(entry for entry in self.beats if isinstance(entry, UpdateEntry))
+
+    @property
+    def acts(self) -> tuple[Act, ...]:
+        """The acts, in step order."""
+        return tuple(entry for entry in self.beats if isinstance(entry, Act))
+
     def describe(self) -> str:
-        """Multi-line text: one line per beat or group, then frozen and shared selectors."""
+        """Multi-line text: one line per entry in step order, then frozen and shared
+        selectors."""
         lines = [f"{i}. {beat.describe()}" for i, beat in enumerate(self.beats, 1)]
         if self.frozen:
             lines.append(f"frozen: {', '.join(self.frozen)}")

@@ -18,6 +18,7 @@ from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError, did_you_mean
 from beatloop.core.randomness import global_random_ops, new_operations, warn_global_random
+from beatloop.core.update_binding import bind_updates, in_step_order, written_by
 
 __all__ = ["BoundBeat", "BoundGroup", "BoundSchedule", "bind", "select", "variable_owner"]
 
@@ -94,7 +95,9 @@ def bind(
     ]
     problems += [p for g in schedule.groups for p in _group_problems(g, models, forwards)]
     resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.all_beats}
-    problems += _ownership_problems(schedule, models, resolved, problems, supplied)
+    updates = bind_updates(schedule, models, problems, select)
+    writers = written_by(updates)
+    problems += _ownership_problems(schedule, models, resolved, problems, supplied, writers)
     groups: list[BoundGroup] = []
     if not problems:
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
@@ -104,8 +107,9 @@ def bind(
     if problems:
         raise ScheduleError(problems, context)
     beats = tuple(beat for group in groups for beat in group.beats)
+    entries = in_step_order(schedule, groups, updates)
     return BoundSchedule(
-        schedule, beats, tuple(groups), dict(models), dict(optimizers), random, state
+        schedule, beats, tuple(groups), dict(models), dict(optimizers), random, state, entries
     )
 
 
@@ -162,9 +166,11 @@ def _ownership_problems(
     resolved: Mapping[str, list],
     problems: list[str],
     supplied: frozenset[str] = frozenset(),
+    writers: Mapping[int, list[str]] | None = None,
 ) -> list[str]:
-    """Variables no beat updates and nobody froze (a supplied model's are frozen unless a
-    beat updates them), frozen ones a beat updates, and ones two beats update without
+    """Variables no beat updates, no update writes and nobody froze (a supplied model's
+    are frozen unless a beat updates them), frozen ones a beat updates or an update
+    writes, and ones two beats (or a beat and an update, or two updates) update without
     being declared shared. (Selector problems of ``frozen`` and ``shared`` go to
     ``problems``.)"""
     claimed: dict[int, list[str]] = {}
@@ -181,7 +187,10 @@ def _ownership_problems(
         for variable in model.trainable_variables:
             key, beats = id(variable), claimed.get(id(variable), [])
             where = f"variable {variable.path!r} of model {owner[key]!r}"
-            if not beats and key not in frozen and key not in exempt:
+            written = (writers or {}).get(key, [])
+            if written:
+                found += _written_problems(where, written, beats, key in frozen, key in shared)
+            elif not beats and key not in frozen and key not in exempt:
                 found.append(
                     f"{where} is updated by no beat and not declared frozen "
                     "(add it to a beat's `updates` or to Schedule(frozen=...))"
@@ -194,6 +203,24 @@ def _ownership_problems(
                     "(add it to Schedule(shared=...) if that is intended)"
                 )
     return list(dict.fromkeys(found))
+
+
+def _written_problems(where: str, updates, beats, frozen: bool, shared: bool) -> list[str]:
+    """A variable an update writes (it owns it): refused if declared frozen, or if a beat
+    or another update also writes it without its being declared shared."""
+    found = []
+    if frozen:
+        found.append(
+            f"{where} is declared frozen but update(s) {updates} write it (an update owns "
+            "what it writes: take it out of Schedule(frozen=...))"
+        )
+    if (beats or len(set(updates)) > 1) and not shared:
+        others = f"beat(s) {beats} and " if beats else ""
+        found.append(
+            f"{where} is written by {others}update(s) {updates} but not declared shared "
+            "(add it to Schedule(shared=...) if that is intended)"
+        )
+    return found
 
 
 def _unique(variables) -> list[keras.Variable]:
@@ -219,6 +246,8 @@ def _bind_groups(schedule, optimizers, losses, forwards, resolved, models) -> li
 
     groups = []
     for entry in schedule.beats:
+        if not isinstance(entry, Beat | Group):
+            continue
         if isinstance(entry, Beat):
             mode = frozenset(updated(entry) if entry.training is None else entry.training)
             groups.append(BoundGroup.alone(bound(entry, mode, None)))

@@ -2,7 +2,8 @@
 
 A ``BoundBeat`` is a beat with its names resolved; a ``BoundGroup`` is one
 entry of the step — a lone beat, or a group of beats sharing one forward — and knows
-how to compute its beats' losses and gradients; a ``BoundSchedule`` holds them all.
+how to compute its beats' losses and gradients; a ``BoundUpdate`` is an update or an
+act with the variables it writes; a ``BoundSchedule`` holds them all.
 The step, validation and the binding's gradient probe all go through
 ``BoundGroup.losses``, so they can never disagree about what a beat's loss is.
 """
@@ -17,7 +18,9 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.beats import Beat, Group, Schedule
-from beatloop.core.forward import forward, loss_of_outputs, shared_forward
+from beatloop.core.forward import ModelCalls, forward, loss_of_outputs, shared_forward
+from beatloop.core.updates import EMA, Act, Copy, NonGradient
+from beatloop.core.user_code import call_user
 
 
 @attrs.frozen
@@ -150,6 +153,56 @@ class BoundGroup:
 
 
 @attrs.frozen
+class BoundUpdate:
+    """An update or act of the step, bound: ``writes`` are the model variables it owns;
+    an ``EMA`` or ``Copy`` has its ``(target, source)`` variable ``pairs``."""
+
+    entry: NonGradient
+    writes: tuple[keras.Variable, ...] = ()
+    pairs: tuple[tuple[keras.Variable, keras.Variable], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def every(self) -> int:
+        return self.entry.every
+
+    @property
+    def kind(self) -> str:
+        """``"act"`` or ``"update"``, as messages and ``describe_variables`` say."""
+        return "act" if isinstance(self.entry, Act) else "update"
+
+    def run(self, models, batch, *, random=None, state=None) -> None:
+        """Assign what the entry assigns, every model in inference mode; the user's
+        function goes through ``call_user`` (its errors name it)."""
+        entry = self.entry
+        if isinstance(entry, EMA):
+            for target, source in self.pairs:
+                keep = tf.constant(entry.decay, target.dtype)
+                mix = tf.constant(1 - entry.decay, target.dtype)
+                target.assign(keep * target.value + mix * source.value)
+        elif isinstance(entry, Copy):
+            for target, source in self.pairs:
+                target.assign(source.value)
+        elif isinstance(entry, Act):
+            run_act(entry, ModelCalls(models, frozenset(), random, batch, state), batch)
+        else:
+            run_update(entry, ModelCalls(models, frozenset(), random, None, state))
+
+
+def run_update(entry, calls: ModelCalls) -> None:
+    """An ``Update``'s function on the models (named so its errors say "update")."""
+    call_user(entry.fn, "update", entry.name, calls)
+
+
+def run_act(entry: Act, calls: ModelCalls, batch) -> None:
+    """An ``Act``'s function on the models and the batch (its errors say "act")."""
+    call_user(entry.fn, "act", entry.name, calls, batch)
+
+
+@attrs.frozen
 class BoundSchedule:
     """A validated schedule bound to the models, optimizers and losses of one run:
     ``beats`` in step order, and ``groups``, the step's entries, covering them."""
@@ -163,11 +216,28 @@ class BoundSchedule:
     #: The recipe's state (``Recipe.build_state``): variables by name, reachable from
     #: losses, updates and acting as ``models.state``; none when it declares none.
     state: Mapping[str, tf.Variable] = attrs.field(factory=dict)
+    #: The step's entries in order: ``groups`` and the ``BoundUpdate`` of each update
+    #: and act (just ``groups`` when the schedule has none).
+    entries: tuple[BoundGroup | BoundUpdate, ...] = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if self.entries is None:
+            object.__setattr__(self, "entries", self.groups)
+
+    @property
+    def updates(self) -> tuple[BoundUpdate, ...]:
+        """The bound updates and acts, in step order."""
+        return tuple(e for e in self.entries if isinstance(e, BoundUpdate))
 
     def describe_variables(self) -> str:
-        """Each beat followed by the paths and shapes of the variables it updates."""
+        """Each beat followed by the paths and shapes of the variables it updates, then
+        each update that writes model variables, with them."""
         lines = []
         for beat in self.beats:
             lines.append(f"{beat.name} ({len(beat.variables)} variables):")
             lines.extend(f"    {v.path} {tuple(v.shape)}" for v in beat.variables)
+        for update in self.updates:
+            if update.writes:
+                lines.append(f"{update.name} (update, writes {len(update.writes)} variables):")
+                lines.extend(f"    {v.path} {tuple(v.shape)}" for v in update.writes)
         return "\n".join(lines)

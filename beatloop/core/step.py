@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.batches import leading_dimension
-from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
+from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -32,8 +32,8 @@ Batch = Mapping[str, tf.Tensor]
 
 
 class TrainStep:
-    """Every entry of a bound schedule in order on one batch (a lone beat, or a group of
-    beats updated simultaneously), then the metrics.
+    """Every entry of a bound schedule in order on one batch (a lone beat, a group of
+    beats updated simultaneously, an update or an act), then the metrics.
 
     With a ``strategy`` the beats run on every replica (see ``beatloop.core.replicas``)
     and their checks and batch sizes are summed over replicas. ``debug`` (eager mode)
@@ -69,7 +69,10 @@ class TrainStep:
         share, random = replica_view(self.strategy, self.bound.random, size)
         weight = None if share is None else share.weight
         outputs, checks = {}, []
-        for group in self.bound.groups:
+        for group in self.bound.entries:
+            if isinstance(group, BoundUpdate):  # no loss: no row of checks
+                self.run_update(group, batch, random, step)
+                continue
             if group.every == 1:
                 group_outputs, rows = self.run_group(group, batch, size, weight, random, step)
                 outputs.update(group_outputs)
@@ -82,6 +85,19 @@ class TrainStep:
             checks.append(rows)
         call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return (checks[0] if len(checks) == 1 else tf.concat(checks, axis=0)), size
+
+    def run_update(self, update: BoundUpdate, batch, random, step) -> None:
+        """An update or act, on this replica (a mirrored target assigned from mirrored
+        sources gets the same value on every replica), on steps its ``every`` selects."""
+
+        def run():
+            update.run(self.bound.models, batch, random=random, state=self.bound.state)
+            return tf.constant(0)
+
+        if update.every == 1:
+            run()
+        else:
+            tf.cond(tf.equal(step % update.every, 0), run, lambda: tf.constant(0))
 
     def run_group(self, group: BoundGroup, batch, size, weight, random, step):
         """One entry of the step, ``repeat`` times: every beat's gradients from the same

@@ -48,10 +48,11 @@ class SuppliedModel:
 
 def model_names(schedule: Schedule, supplied: Mapping[str, SuppliedModel]) -> tuple[str, ...]:
     """The model names a recipe uses: its schedule's selectors (``updates``, ``frozen``,
-    ``shared``), its beats' and groups' ``training`` and its supplied models, in that
-    order."""
+    ``shared``, what its updates write and read), its beats' and groups' ``training`` and
+    its supplied models, in that order."""
     selectors = [s for beat in schedule.all_beats for s in beat.updates]
     selectors += [*schedule.frozen, *schedule.shared]
+    selectors += [s for u in schedule.updates for s in (getattr(u, "source", None), *u.writes) if s]
     names = [s.partition(":")[0] for s in selectors]
     modes = [*schedule.all_beats, *schedule.groups]
     names += [name for entry in modes for name in entry.training or ()]

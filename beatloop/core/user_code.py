@@ -102,6 +102,8 @@ _CALLERS = {
     "loss_of_outputs": "loss",
     "shared_forward": "forward",
     "on_replica": "metric update",
+    "run_update": "update",
+    "run_act": "act",
 }
 
 

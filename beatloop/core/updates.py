@@ -1,0 +1,181 @@
+"""Schedule entries that are not gradient updates: ``Update`` (and its built-ins ``EMA``
+and ``Copy``), which assign model variables, and ``Act``, which makes data inside the
+step (an agent acting, a buffer filling).
+
+Like beats they are printable, comparable values with a name and an ``every``; they hold
+the user's function, printed by its ``__qualname__``. They run in the compiled training
+step only, at their place in the schedule: never in validation, evaluation or binding.
+Binding them to variables is ``beatloop.core.update_binding``'s job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from beatloop.core.errors import ScheduleError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _selector_tuple(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """One selector or several; a lone string is one selector, not its letters."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, Sequence):
+        raise ScheduleError(
+            [f"`writes` takes selectors like 'model' or 'model:dense/*', got {value!r}"]
+        )
+    return tuple(value)
+
+
+def _refuse(instance, attribute, expected: str, value) -> None:
+    raise ScheduleError(
+        [f"{type(instance).__name__}({attribute.name}=...) must be {expected}, got {value!r}"]
+    )
+
+
+def _callable(instance, attribute, value) -> None:
+    if not callable(value):
+        _refuse(instance, attribute, "a function", value)
+
+
+def _positive(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _refuse(instance, attribute, "a whole number of steps, 1 or more", value)
+
+
+def _fraction(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        _refuse(instance, attribute, "a number from 0 to 1 (e.g. 0.99)", value)
+
+
+def _selector(instance, attribute, value) -> None:
+    if not isinstance(value, str) or not value or not _NAME.match(value.partition(":")[0]):
+        _refuse(instance, attribute, "a model name or 'model:glob' selector", value)
+
+
+def _selectors(instance, attribute, value) -> None:
+    for selector in value:
+        _selector(instance, attribute, selector)
+
+
+def _name_of(entry, fn_or_model) -> str:
+    """The entry's ``name``, or the default one, checked to be a Python-style name."""
+    name = entry.name
+    if name is None:
+        name = getattr(fn_or_model, "__name__", fn_or_model)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ScheduleError(
+            [
+                f"{type(entry).__name__} needs a Python-style name (letters, digits, "
+                f"underscores), got {name!r}: give it `name=`"
+            ]
+        )
+    return name
+
+
+def qualname(fn: Callable) -> str:
+    """How a user's function is printed: its ``__qualname__`` (its class's name for a
+    callable object)."""
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+@attrs.frozen
+class Update:
+    """A step entry that assigns variables without a gradient: ``fn(models)`` with every
+    model in inference mode (``models.raw(name)`` for its variables, ``models.state``,
+    ``models.random``), returning nothing. ``writes`` selects the model variables it
+    assigns (``Beat.updates``'s syntax): binding gives them to this update, so no beat
+    may update them (unless declared shared) and they need not be declared frozen.
+    ``every`` runs it only on steps whose number is a multiple of ``every``."""
+
+    fn: Callable = attrs.field(validator=_callable)
+    name: str = attrs.field(default=None)
+    every: int = attrs.field(default=1, validator=_positive)
+    writes: tuple[str, ...] = attrs.field(
+        default=(), converter=_selector_tuple, validator=_selectors
+    )
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "name", _name_of(self, self.fn))
+
+    def describe(self) -> str:
+        writes = ",".join(self.writes) or "(no model variables)"
+        return f"{self.name}: update fn={qualname(self.fn)} writes={writes} every={self.every}"
+
+
+@attrs.frozen
+class EMA:
+    """Polyak averaging of a target network (BYOL, MoCo, mean teacher): each of the
+    target's trainable variables ``t`` becomes ``decay * t + (1 - decay) * s``, where
+    ``s`` is the source's variable at the same place (paired in order, shapes checked
+    at bind). The name defaults to the target's."""
+
+    source: str = attrs.field(validator=_selector)
+    target: str = attrs.field(validator=_selector)
+    decay: float = attrs.field(validator=_fraction)
+    name: str = attrs.field(default=None)
+    every: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "name", _name_of(self, self.target.partition(":")[0]))
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return (self.target,)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: EMA source={self.source} target={self.target} "
+            f"decay={self.decay:g} every={self.every}"
+        )
+
+
+@attrs.frozen
+class Copy:
+    """A hard target update (DQN's): each of the target's trainable variables becomes
+    the source's variable at the same place (paired in order, shapes checked at bind).
+    The name defaults to the target's."""
+
+    source: str = attrs.field(validator=_selector)
+    target: str = attrs.field(validator=_selector)
+    name: str = attrs.field(default=None)
+    every: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "name", _name_of(self, self.target.partition(":")[0]))
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return (self.target,)
+
+    def describe(self) -> str:
+        return f"{self.name}: Copy source={self.source} target={self.target} every={self.every}"
+
+
+@attrs.frozen
+class Act:
+    """Acting or collecting inside the training step: ``fn(models, batch)`` with every
+    model in inference mode, writing recipe state (``models.state``: an environment
+    stepped, a replay buffer filled); returns nothing. Validation, evaluation and
+    binding never run it."""
+
+    fn: Callable = attrs.field(validator=_callable)
+    name: str = attrs.field(default=None)
+    every: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "name", _name_of(self, self.fn))
+
+    def describe(self) -> str:
+        return f"{self.name}: act fn={qualname(self.fn)} every={self.every}"
+
+
+#: The update entries (they write model variables); ``Act`` writes recipe state only.
+UpdateEntry = Update | EMA | Copy
+NonGradient = Update | EMA | Copy | Act

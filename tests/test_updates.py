@@ -1,0 +1,185 @@
+"""Updates and acts in a schedule: an EMA or Copy target network equals a hand-written
+TensorFlow loop bit for bit, binding gives written variables to their update, and only
+the training step runs them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import all_weights, assert_same_weights
+from updates_recipe import Byol, build_byol_models, byol_data, hand_written_byol
+
+import beatloop
+from beatloop import EMA, Act, Beat, Copy, Schedule, Update
+from beatloop.core.binding import bind
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def fit_byol(recipe, data, epochs=2, **options):
+    return beatloop.fit(recipe, data=data, epochs=epochs, seed=5, progress=False, **options)
+
+
+@pytest.mark.parametrize("spe", [1, 4])
+def test_an_ema_target_equals_the_hand_written_loop_bit_for_bit(spe):
+    data = byol_data()
+    result = fit_byol(Byol("ema"), data, epochs=3, steps_per_execution=spe)
+    theirs = build_byol_models()
+    start = all_weights(theirs)
+    hand_written_byol(theirs, data, epochs=3, seed=5)
+    assert not np.array_equal(start["target/0"], all_weights(theirs)["target/0"])
+    assert_same_weights(all_weights(result.models), all_weights(theirs))
+
+
+def test_a_copy_every_three_steps_equals_the_hand_written_loop():
+    data = byol_data()
+    result = fit_byol(Byol("copy", every=3), data, steps_per_execution=4)
+    theirs = build_byol_models()
+    hand_written_byol(theirs, data, epochs=2, seed=5, follow="copy", every=3)
+    assert_same_weights(all_weights(result.models), all_weights(theirs))
+    # 8 steps, copies after steps 0, 3, 6: the target is not the online encoder now
+    ours = result.models
+    assert not np.array_equal(ours["target"].weights[0], ours["online"].weights[0])
+
+
+def test_acts_run_in_training_only_and_evaluate_leaves_them_alone():
+    data = byol_data()
+    recipe = Byol("ema", act=True, every=2)
+    split = beatloop.DataSplit(data, data)
+    result = fit_byol(recipe, split, steps_per_execution=4)
+    assert int(recipe.acted.numpy()) == 4  # steps 0, 2, 4, 6 of 8; validation ran none
+    before = all_weights(result.models)
+    result.evaluate(data)
+    assert int(recipe.acted.numpy()) == 4
+    assert_same_weights(before, all_weights(result.models))
+
+
+def test_debug_mode_and_mixed_precision_run_updates():
+    data = byol_data()
+    eager = fit_byol(Byol("ema"), data, epochs=1, debug=True)
+    theirs = build_byol_models()
+    hand_written_byol(theirs, data, epochs=1, seed=5)
+    np.testing.assert_allclose(
+        eager.models["target"].weights[0], theirs["target"].weights[0], rtol=1e-5, atol=1e-6
+    )
+    mixed = fit_byol(Byol("ema"), data, epochs=1, precision="mixed_float16")
+    target = mixed.models["target"].trainable_variables[0]
+    assert target.dtype == "float32"
+    start = build_byol_models()["target"].trainable_variables[0].numpy()
+    assert np.all(np.isfinite(target.numpy())) and not np.array_equal(target.numpy(), start)
+
+
+def test_a_schedule_describes_its_updates_and_acts_in_order():
+    def nudge(models):
+        pass
+
+    schedule = Schedule(
+        [
+            Beat("byol", "sgd", updates=("online", "predictor")),
+            Act(nudge, name="collect", every=2),
+            EMA("online", "target", 0.99),
+            Update(nudge, writes="target:dense/*", every=5),
+        ]
+    )
+    assert schedule.describe().splitlines() == [
+        "1. byol: loss=byol optimizer=sgd updates=online,predictor",
+        "2. collect: act fn=test_a_schedule_describes_its_updates_and_acts_in_order.<locals>"
+        ".nudge every=2",
+        "3. target: EMA source=online target=target decay=0.99 every=1",
+        "4. nudge: update fn=test_a_schedule_describes_its_updates_and_acts_in_order.<locals>"
+        ".nudge writes=target:dense/* every=5",
+    ]
+    assert [e.name for e in schedule.updates] == ["target", "nudge"]
+    assert [e.name for e in schedule.acts] == ["collect"]
+    assert [b.name for b in schedule.all_beats] == ["byol"]
+
+
+def test_bad_entries_are_schedule_errors_that_say_what_to_give():
+    cases = {
+        "EMA(decay=...) must be a number from 0 to 1": lambda: EMA("a", "b", 1.5),
+        "Update(fn=...) must be a function, got 3": lambda: Update(3),
+        "give it `name=`": lambda: Act(lambda models, batch: None),
+        "Copy(every=...) must be a whole number": lambda: Copy("a", "b", every=0),
+        "Update(writes=...) must be a model name": lambda: Update(print, writes=[""]),
+        "repeated: online": lambda: Schedule(
+            [Beat("l", "o", "a", name="online"), EMA("x", "online", 0.5)]
+        ),
+    }
+    for words, make in cases.items():
+        with pytest.raises(
+            beatloop.ScheduleError, match=words.replace("(", r"\(").replace(")", r"\)")
+        ):
+            make()
+
+
+def _bind(schedule, **models):
+    models = models or build_byol_models()
+    losses = {"byol": lambda m, b: tf.reduce_sum(m["online"](b["x"]))}
+    return bind(schedule, models, {"sgd": keras.optimizers.SGD(0.1)}, losses)
+
+
+def test_binding_reports_every_update_problem_in_one_error():
+    models = build_byol_models()
+    models["small"] = build_byol_models(width=3)["target"]
+    schedule = Schedule(
+        [
+            Beat("byol", "sgd", updates=("online", "predictor", "target")),
+            EMA("onlin", "target", 0.99),
+            Copy("online", "small", name="hard"),
+            Update(print, name="writer", writes="target"),
+        ],
+        frozen="target",
+    )
+    with pytest.raises(beatloop.ScheduleError) as caught:
+        _bind(schedule, **models)
+    text = "\n".join(caught.value.problems)
+    assert (
+        "EMA 'target' (source) selects 'onlin', but there is no model 'onlin' "
+        "(did you mean 'online'?)" in text
+    )
+    assert re.search(
+        r"Copy 'hard' pairs 'online/\w+/kernel' \(8, 6\) float32 with '\w+/\w+/kernel' "
+        r"\(8, 3\) float32, which differ",
+        text,
+    )
+    assert "is declared frozen but update(s) ['target', 'writer'] write it" in text
+    assert (
+        "is written by beat(s) ['byol'] and update(s) ['target', 'writer'] but not declared shared"
+        in text
+    )
+
+
+def test_an_updated_variable_is_owned_not_frozen_and_show_lists_it():
+    bound = _bind(
+        Schedule(
+            [Beat("byol", "sgd", updates=("online", "predictor")), EMA("online", "target", 0.5)]
+        )
+    )
+    lines = bound.describe_variables().splitlines()
+    assert "target (update, writes 4 variables):" in lines
+    assert [type(e).__name__ for e in bound.entries] == ["BoundGroup", "BoundUpdate"]
+    with pytest.raises(beatloop.ScheduleError, match="updated by no beat and not declared frozen"):
+        _bind(Schedule([Beat("byol", "sgd", updates=("online", "predictor"))]))
+
+
+def test_a_schedule_without_updates_binds_to_its_groups_alone():
+    bound = _bind(Schedule([Beat("byol", "sgd", updates=("online", "predictor"))], frozen="target"))
+    assert bound.entries == bound.groups and bound.updates == ()
+
+
+def test_an_update_that_fails_names_itself():
+    def broken(models):
+        raise RuntimeError("no such buffer")
+
+    class Broken(Byol):
+        def schedule(self):
+            beats = super().schedule().beats
+            return Schedule([*beats, Update(broken, writes=())])
+
+    with pytest.raises(beatloop.UserCodeError, match=r"update 'broken'.*no such buffer"):
+        fit_byol(Broken("ema"), byol_data(), epochs=1)
