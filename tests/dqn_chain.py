@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import beatloop
 
-LENGTH, HORIZON, CAPACITY, BATCH = 6, 12, 64, 16
-GAMMA, EPSILON, COPY_EVERY, STEPS_PER_EPOCH = 0.9, 0.3, 8, 40
+LENGTH, HORIZON, CAPACITY, BATCH = 5, 12, 64, 16
+GAMMA, EPSILON, COPY_EVERY, STEPS_PER_EPOCH = 0.9, 0.5, 8, 40
 
 
 def q_network() -> keras.Model:
@@ -28,8 +28,8 @@ def q_network() -> keras.Model:
 
 
 def build_state() -> dict[str, tf.Variable]:
-    """The environment (position, episode step) and the replay buffer, with the count
-    of transitions ever stored."""
+    """The environment (position, episode step, the reward collected so far) and the
+    replay buffer, with the count of transitions ever stored."""
 
     def variable(value):
         return tf.Variable(value, trainable=False)
@@ -37,6 +37,7 @@ def build_state() -> dict[str, tf.Variable]:
     return {
         "position": variable(tf.constant(0, tf.int32)),
         "episode_step": variable(tf.constant(0, tf.int32)),
+        "collected": variable(tf.constant(0.0)),
         "stored": variable(tf.constant(0, tf.int64)),
         "observation": variable(tf.zeros([CAPACITY, LENGTH])),
         "action": variable(tf.zeros([CAPACITY], tf.int32)),
@@ -62,7 +63,9 @@ def act(q_values, state, random) -> None:
     slot = tf.cast(state["stored"] % CAPACITY, tf.int32)
     state["observation"][slot].assign(observation)
     state["action"][slot].assign(action)
-    state["reward"][slot].assign(tf.cast(arrived, tf.float32))
+    reward = tf.cast(arrived, tf.float32)
+    state["reward"][slot].assign(reward)
+    state["collected"].assign_add(reward)
     state["next_observation"][slot].assign(tf.one_hot(moved, LENGTH))
     state["done"][slot].assign(tf.cast(done, tf.float32))
     state["stored"].assign_add(1)
@@ -126,9 +129,11 @@ class DqnChain(beatloop.Recipe):
 
     def schedule(self):
         return beatloop.Schedule(
-            beatloop.Act(self.collect, name="collect"),
-            beatloop.Beat(loss="td", optimizer="adam", updates="q"),
-            beatloop.Copy(source="q", target="target", every=COPY_EVERY),
+            [
+                beatloop.Act(self.collect, name="collect"),
+                beatloop.Beat(loss="td", optimizer="adam", updates="q"),
+                beatloop.Copy(source="q", target="target", every=COPY_EVERY),
+            ]
         )
 
 
