@@ -1,0 +1,117 @@
+"""In-graph DQN throughput: the DQN schedule (an ``Act`` stepping a chain walk and
+filling a replay buffer in recipe state, a Q-learning beat, a target ``Copy``) beside
+the same DQN written by hand with ``tf.function`` and ``GradientTape``.
+
+Both are tests/dqn_chain.py's, the same ops on the same initial weights and seed (the
+tests check they end bit-identical). beatloop runs at its default steps_per_execution
+("auto"); the hand-written loop calls its compiled step once per step, as such loops
+are written, and also runs 32 steps per compiled call. Each fit's first epoch (tracing,
+and "auto" finding its K) is dropped and its fastest remaining epoch kept; the figure is
+the median over interleaved repeats, with the spread (half the min-max range).
+
+    python benchmarks/dqn_step.py             # full run
+    python benchmarks/dqn_step.py --quick     # smoke run
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+from common import EpochTimer, spread
+
+import beatloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import dqn_chain  # the recipe and the loop the tests compare
+
+STEPS, MULTI_STEP, SEED, TARGET = 400, 32, 0, 1.0
+
+
+def run_beatloop(epochs: int) -> list[float]:
+    timer = EpochTimer()
+    beatloop.fit(
+        dqn_chain.DqnChain, epochs=epochs, seed=SEED, steps_per_epoch=STEPS,
+        progress=False, callbacks=[timer],
+    )  # fmt: skip
+    return timer.times
+
+
+def hand_written(steps_per_call: int | None):
+    """Epoch times of the hand-written loop: one compiled step a call (``None``) or
+    ``steps_per_call`` steps a call."""
+
+    def run(epochs: int) -> list[float]:
+        keras.utils.set_random_seed(SEED)
+        loop = dqn_chain.HandWritten({n: dqn_chain.q_network() for n in ("q", "target")}, SEED)
+
+        @tf.function
+        def many(start):
+            for offset in tf.range(steps_per_call, dtype=tf.int64):
+                loop._step(start + offset)
+
+        times, number = [], 0
+        for _ in range(epochs):
+            began = time.perf_counter()
+            if steps_per_call is None:
+                for _ in range(STEPS):
+                    loop.step(tf.constant(number, tf.int64))
+                    number += 1
+            else:
+                for _ in range(STEPS // steps_per_call):
+                    many(tf.constant(number, tf.int64))
+                    number += steps_per_call
+            float(loop.state["collected"].numpy())  # the epoch's work is done
+            times.append(time.perf_counter() - began)
+        return times
+
+    return run
+
+
+LOOPS = {
+    "beatloop dqn schedule, spe=auto": run_beatloop,
+    "hand-written, one step per call": hand_written(None),
+    f"hand-written, {MULTI_STEP} steps per call": hand_written(MULTI_STEP),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
+    args = parser.parse_args(argv)
+    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
+    rates: dict[str, list[float]] = {name: [] for name in LOOPS}
+    names = list(LOOPS)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            rate = STEPS / min(LOOPS[name](epochs)[1:])
+            rates[name].append(rate)
+            print(
+                f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.0f} steps/s", file=sys.stderr
+            )
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    print(f"\nDQN steps/s ({STEPS} steps/epoch), median of {repeats} repeat(s)")
+    for name, value in median.items():
+        print(f"{name:<44} {value:10,.0f}  {spread(rates[name])}")
+    ours = names[0]
+    print(f"\n{'ratio':<44} {'value':>10}  target")
+    for theirs in names[1:]:
+        ratio = median[ours] / median[theirs]
+        verdict = "ok" if ratio >= TARGET else "--"
+        print(f"{'beatloop / ' + theirs:<44} {ratio:9.2f}x  >= {TARGET} {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
