@@ -95,8 +95,10 @@ def fit(
     while that still saves a measurable share of the time, keeping each call under about
     0.25 s (the weights do not depend on K; the K chosen is in ``result`` and
     ``run.json``); ``steps_per_epoch`` ends epochs after that many steps
-    (needed for endless data); ``debug`` runs eagerly and stops at the first non-finite
-    loss or gradient before it is applied; ``jit_compile`` compiles the steps with XLA;
+    (needed for endless data; ``None``: the recipe's ``steps_per_epoch``, if it sets
+    one, as a recipe whose data its own loop makes does); ``debug`` runs eagerly and
+    stops at the first non-finite loss or gradient before it is applied;
+    ``jit_compile`` compiles the steps with XLA;
     ``precision="mixed_float16"`` (or ``"mixed_bfloat16"``) trains in mixed precision,
     every optimizer loss-scaled for float16. ``strategy``: any ``tf.distribute``
     strategy; models, optimizers and metrics are built in its scope, each global batch

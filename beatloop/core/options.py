@@ -53,7 +53,8 @@ class EngineOptions:
 
     ``steps_per_execution``: steps per compiled call, or ``"auto"``: the engine times its
     calls and chooses (see ``beatloop.core.pacing``). ``steps_per_epoch``: end epochs after
-    that many steps (needed for endless data). ``checkpoint_every``: also checkpoint
+    that many steps (needed for endless data; the engine takes the recipe's
+    ``Recipe.steps_per_epoch`` when this is ``None``). ``checkpoint_every``: also checkpoint
     mid-epoch, at the first call boundary at or after every N steps (a run with a run dir
     always checkpoints at each epoch's end). ``max_to_keep``: checkpoints kept on disk.
     ``on_nan``: what a non-finite loss or gradient norm does: ``"raise"`` stops the run,
