@@ -197,6 +197,10 @@ def test_python_fed_data_warns_once_that_a_resume_cannot_be_exact(tmp_path):
     negative = lambda x: tf.ensure_shape(tf.numpy_function(np.negative, [x], tf.float32), x.shape)  # noqa: E731
     mapped = rows().map(lambda b: {**b, "x": negative(b["x"])})
     assert "PyFunc" in resume_warnings(mapped, tmp_path)[0]
+    interleaved = tf.data.Dataset.range(2).interleave(
+        tf.autograph.experimental.do_not_convert(lambda _: _generated(8))
+    )
+    assert "GeneratorDataset" in resume_warnings(interleaved.prefetch(2), tmp_path)[0]
 
 
 def test_no_resume_warning_without_a_run_dir_or_for_tf_data(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import attrs
 import tensorflow as tf
+from tensorflow.python.data.ops import structured_function
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import ConfigError, ResumeWarning
@@ -55,19 +56,33 @@ def refuse_endless_loop_data(dataset: tf.data.Dataset) -> None:
 
 
 def python_ops(dataset: tf.data.Dataset) -> list[str]:
-    """The ops of ``dataset``'s graph (its functions' too) that run Python, by type;
-    none when the graph cannot be read."""
+    """The ops that run Python in ``dataset``'s pipeline (its own and its inputs'
+    functions, and the functions those call), by type; none when it cannot be read.
+    The functions' graphs are read, not the data set's serialised graph, which would
+    copy every array the pipeline holds."""
+    found: set[str] = set()
     try:
-        serialized = dataset._as_serialized_graph(
-            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
-        )
-        graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    except Exception:  # a data set TensorFlow cannot serialise: nothing to say about it
+        pending, seen = [dataset], set()
+        while pending:
+            current = pending.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            for value in vars(current).values():
+                if isinstance(value, structured_function.StructuredFunctionWrapper):
+                    found |= _graph_ops(value.function.graph.as_graph_def())
+            pending.extend(current._inputs())
+    except Exception:  # a data set of a shape TensorFlow's private API does not show
         return []
+    return sorted(found & _PYTHON_OPS)
+
+
+def _graph_ops(graph) -> set[str]:
+    """The op types of a ``GraphDef``, those of its function library included."""
     found = {node.op for node in graph.node}
     for function in graph.library.function:
         found.update(node.op for node in function.node_def)
-    return sorted(found & _PYTHON_OPS)
+    return found
 
 
 def warn_if_python_fed(dataset: tf.data.Dataset, label: str, run_dir: Path | None) -> None:
