@@ -217,3 +217,36 @@ def test_show_prints_the_recipe_state(capsys):
         "  calls: () int64",
         "  sum: (2,) float32",
     ]
+
+
+MIRRORED_LAZY = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, beatloop
+from test_recipe_state import ROWS, Counting
+class Reading(Counting):
+    def mse(self, models, batch):  # reads its state: assigning it per replica needs a rule
+        out = models["m"](batch["x"])
+        return tf.reduce_mean(tf.square(out - batch["y"])) + 0.0 * models.state["sum"][0]
+data = tf.data.Dataset.from_tensor_slices(ROWS).batch(4)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+result = beatloop.fit(Reading(), data=data, epochs=1, seed=0, strategy=strategy, progress=False)
+print(result.steps, type(result.engine.bound.state["sum"]).__name__, result.models["m"].built)
+"""
+
+
+@pytest.mark.slow
+def test_a_lazily_built_model_and_state_under_a_mirrored_strategy():
+    """Models built by a trace in the strategy's scope are mirrored (their variables are
+    made outside the trace), and so is the recipe's state."""
+    from pathlib import Path
+
+    from helpers import start_python
+
+    process = start_python("-c", MIRRORED_LAZY, str(Path(__file__).parent))
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert out.split() == ["3", "MirroredVariable", "True"]

@@ -2,7 +2,8 @@
 before binding: a traced call of the recipe's losses and forwards, never an eager one.
 
 Tracing a ``tf.function`` builds a Keras model (its variables are created and
-initialised outside the graph) without running the graph: the recipe's code runs only as
+initialised outside the graph, eagerly, so a strategy's scope mirrors them) without
+running the graph: the recipe's code runs only as
 Python, on symbolic tensors, so no variable, no recipe state and no random generator
 changes (docs/schedules.md, "What runs when").
 """
@@ -37,12 +38,13 @@ def build_unbuilt(
     calls, current = _calls(recipe), ["model building"]
 
     def probe(batch):
-        for function, grouped, name, function_name in calls:
-            current[0] = function_name
-            if grouped:
-                shared_forward(function, name, models, frozenset(), batch, random, state)
-            else:
-                forward(function, name, models, frozenset(), (), batch, random, state)
+        with tf.variable_creator_scope(_created_outside):
+            for function, grouped, name, function_name in calls:
+                current[0] = function_name
+                if grouped:
+                    shared_forward(function, name, models, frozenset(), batch, random, state)
+                else:
+                    forward(function, name, models, frozenset(), (), batch, random, state)
         return tf.constant(0)
 
     try:
@@ -57,6 +59,14 @@ def build_unbuilt(
         raise
     except Exception as error:  # a user's model meeting the data: say which, briefly
         raise DataError(failure_message(label, current[0], spec, error)) from None
+
+
+def _created_outside(next_creator, **kwargs):
+    """Create a model's variable outside the trace (initialised eagerly, as a model
+    built outside any function is): a distribution strategy's mirrored variables
+    cannot be lifted out of a function graph, whose replicas copy the first's value."""
+    with tf.init_scope():
+        return next_creator(**kwargs)
 
 
 def _calls(recipe) -> list[tuple]:
