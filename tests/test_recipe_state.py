@@ -185,7 +185,10 @@ def _generated(count=12):
 def resume_warnings(data, run_dir):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        Engine(Counting(), as_data_split(data), run_dir=run_dir)
+        engine = Engine(Counting(), as_data_split(data), run_dir=run_dir)
+        before = [w for w in caught if issubclass(w.category, beatloop.ResumeWarning)]
+        assert before == []  # an engine alone (restore, evaluate) does not warn
+        engine.fit(1)
     return [str(w.message) for w in caught if issubclass(w.category, beatloop.ResumeWarning)]
 
 

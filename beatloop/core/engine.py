@@ -82,14 +82,9 @@ class Engine:
             checkpoint_every=options.checkpoint_every if run_dir is not None else None,
         )  # fmt: skip
         self.recovery = Recovery(
-            run_checkpoints(parts, run_dir, options),
-            parts.record,
-            callbacks=self.callbacks,
-            counters=parts.counters,
-            metrics=parts.train_metrics,
-            options=options,
-        )
-        warn_if_python_fed(data.train, parts.label, run_dir)
+            run_checkpoints(parts, run_dir, options), parts.record, callbacks=self.callbacks,
+            counters=parts.counters, metrics=parts.train_metrics, options=options,
+        )  # fmt: skip
         self.run = Run(
             recipe=recipe,
             bound=parts.bound,
@@ -155,6 +150,7 @@ class Engine:
         run.epochs = epochs
         self.resume()
         warn_if_resumed(self.callbacks.callbacks, run)
+        warn_if_python_fed(self.evaluation.data.train, self.parts.label, run.run_dir)
         logs: dict[str, float] = {}
         self.callbacks.fire("fit_start", run)
         self._fitting = True
