@@ -218,3 +218,37 @@ def test_a_run_with_updates_killed_mid_epoch_resumes_bit_identical(tmp_path, fol
     summary = json.loads(out.splitlines()[-1])
     assert summary["resumed_from"] is not None and summary["steps"] == 12
     assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+
+
+class ShownByol(Byol):
+    """The EMA recipe with an act, as ``beatloop show`` finds it (test recipe)."""
+
+    name = "byol_show_test"
+
+    def __init__(self, config=None):
+        super().__init__("ema", act=True)
+
+    def default_data(self, seed):
+        return beatloop.DataSplit(byol_data())
+
+
+def test_show_prints_updates_and_acts_in_order_and_what_they_write(monkeypatch, capsys):
+    from beatloop.cli import main
+    from beatloop.plugins import registry as registry_module
+    from beatloop.plugins.registry import Registry
+
+    registry = Registry(load_entry_points=False)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    registry.register(ShownByol)
+    assert main(["show", "byol_show_test"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  1. byol: loss=byol optimizer=sgd updates=online,predictor\n"
+        "  2. target: EMA source=online target=target decay=0.9 every=1\n"
+        "  3. count: act fn=Byol.count every=1\n"
+    ) in out
+    assert "variables each beat updates and each update writes (default models):" in out
+    assert re.search(
+        r"  target \(update, writes 4 variables\):\n      target/\w+/kernel \(8, 6\)", out
+    )
+    assert "frozen" not in out
