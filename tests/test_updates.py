@@ -252,3 +252,12 @@ def test_show_prints_updates_and_acts_in_order_and_what_they_write(monkeypatch, 
         r"  target \(update, writes 4 variables\):\n      target/\w+/kernel \(8, 6\)", out
     )
     assert "frozen" not in out
+
+
+def test_run_json_records_the_schedule_and_what_each_update_writes(tmp_path):
+    fit_byol(Byol("copy", every=2), byol_data(), epochs=1, run_dir=tmp_path / "run")
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["schedule"][1] == "2. target: Copy source=online target=target every=2"
+    assert sorted(record["updates"]) == ["byol", "target"]
+    assert len(record["updates"]["target"]) == 4
+    assert all(path.startswith("target/") for path in record["updates"]["target"])
