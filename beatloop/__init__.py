@@ -71,6 +71,7 @@ _EXPORTS = {
     "RegistrationError": "beatloop.core.errors",
     "CallbackError": "beatloop.core.errors",
     "NumericsError": "beatloop.core.errors",
+    "CollectiveError": "beatloop.core.collectives",
     "RunDirError": "beatloop.core.errors",
     "CheckpointError": "beatloop.core.errors",
     "RunInterrupted": "beatloop.core.errors",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     )
     from beatloop.core.binding import bind
     from beatloop.core.callbacks import EVENTS, Callback, EventFilter, Order, when
+    from beatloop.core.collectives import CollectiveError
     from beatloop.core.engine import Engine
     from beatloop.core.errors import (
         BeatloopError,
