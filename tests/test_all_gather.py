@@ -69,7 +69,7 @@ SHAPE_MISMATCH = (
 
 def test_a_failed_collective_is_a_collective_error_naming_the_op_not_a_data_error():
     original = tf.errors.InvalidArgumentError(None, None, SHAPE_MISMATCH)
-    errors = data_errors("training", "recipe 'contrastive'")
+    errors = data_errors("training", "recipe 'simclr'")
     with pytest.raises(beatloop.CollectiveError) as caught, errors:
         raise original
     error = caught.value
@@ -77,7 +77,7 @@ def test_a_failed_collective_is_a_collective_error_naming_the_op_not_a_data_erro
     assert error.original is original and error.__cause__ is original
     message = str(error)
     assert message.startswith(
-        "recipe 'contrastive': a cross-replica collective op failed in a training step: "
+        "recipe 'simclr': a cross-replica collective op failed in a training step: "
         "while/allgather_1/CollectiveGatherV2_1 (a cross-replica all-gather): Shape mismatch"
     )
     assert "expected shape [10,4] but another member in the group expected shape [10,5]" in message
@@ -117,7 +117,7 @@ def test_gathering_shapes_that_differ_across_replicas_is_a_collective_error(mirr
     assert failure["exit_code"] == 2
     message = failure["message"]
     assert message.startswith(
-        "recipe 'contrastive': a cross-replica collective op failed in a training step: "
+        "recipe 'simclr': a cross-replica collective op failed in a training step: "
     )
     assert "CollectiveGatherV2" in message and "(a cross-replica all-gather)" in message
     assert re.search(r"Shape mismatch .* expected shape \[10,[45]\] but another member", message)

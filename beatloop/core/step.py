@@ -41,6 +41,9 @@ class TrainStep:
     replica's loss enters the checks weighted by its share of the global batch, so their
     sum is the global batch's loss, and ``debug`` also stops before the update of a
     diverged loss (the guard's window itself is updated by the loop, after the step).
+    A replica's batch is its share of the global batch, of static shape ``(None, ...)``:
+    a loss reads its size with ``tf.shape``, and sees the global batch through
+    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy").
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 on a MirroredStrategy over two logical CPUs, in its own process (logical devices must be
 set before TensorFlow runs anything).
 
-``mirrored OUT``: the SimCLR-style recipe on one device, on two replicas with the gather
+``mirrored OUT``: the docs' SimClr recipe on one device, on two replicas with the gather
 and on two replicas without it (each replica's negatives only), from the same initial
 weights, data (global batches of 9: replica shares of 5 and 4, then a last batch of 4)
 and noise; then a recipe gathering a matrix whose second dimension is the replica's
@@ -22,62 +22,47 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: helpers
 
-import attrs
-import keras
 import numpy as np
 import tensorflow as tf
-from helpers import all_weights, dict_batches
+from helpers import all_weights, dict_batches, find_block
 
 import beatloop
 
 
-@attrs.frozen
-class ContrastiveConfig:
-    gather: bool = True  # negatives from the global batch (False: the replica's only)
-    matrix: bool = False  # gather a (rows, rows) matrix: shapes differ across replicas
+class ReplicaOnly:
+    """``models`` as a loss sees it, but with no gather: each replica's negatives only."""
+
+    batch_offset = 0
+
+    def __init__(self, models):
+        self.models = models
+        self.random = models.random
+
+    def __getitem__(self, name):
+        return self.models[name]
+
+    def all_gather(self, x):
+        return x
 
 
-class Contrastive(beatloop.Recipe):
-    """SimCLR's NT-Xent on two noisy views of each digit, temperature 0.5."""
+def recipes() -> dict[str, type]:
+    """The docs' SimClr recipe (docs/schedules.md; its block is run, training included:
+    call after the logical devices are set), the same without the gather, and one that
+    gathers a (rows, rows) matrix, whose shape differs between replicas of 5 and 4 rows."""
+    namespace: dict = {}
+    find_block("class SimClr").run(namespace)
+    docs = namespace["SimClr"]
 
-    name = "contrastive"
-    Config = ContrastiveConfig
-    batch_keys = {"x": 2}
+    class NotGathered(docs):
+        def nt_xent(self, models, batch):
+            return super().nt_xent(ReplicaOnly(models), batch)
 
-    def build_models(self, spec):
-        encoder = keras.Sequential(
-            [keras.Input((64,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8)]
-        )
-        return {"encoder": encoder}
+    class Matrix(docs):
+        def nt_xent(self, models, batch):
+            z = models["encoder"](batch["x"])
+            return tf.reduce_mean(models.all_gather(tf.matmul(z, z, transpose_b=True)))
 
-    def build_optimizers(self):
-        return {"sgd": keras.optimizers.SGD(0.1)}
-
-    def losses(self):
-        return {"nt_xent": self.nt_xent}
-
-    def nt_xent(self, models, batch):
-        x = batch["x"]
-        views = [x + 0.3 * models.random.normal(tf.shape(x)) for _ in range(2)]
-        first, second = (tf.math.l2_normalize(models["encoder"](v), axis=1) for v in views)
-        if self.config.matrix:
-            return tf.reduce_mean(models.all_gather(tf.matmul(first, second, transpose_b=True)))
-        gather = models.all_gather if self.config.gather else (lambda t: t)
-        offset = models.batch_offset if self.config.gather else 0
-        everyone = tf.concat([gather(first), gather(second)], axis=0)  # 2N rows
-        total = tf.shape(everyone)[0] // 2
-        rows = offset + tf.range(tf.shape(x)[0])  # this replica's rows of the global batch
-
-        def side(anchors, own, positives):
-            logits = tf.matmul(anchors, everyone, transpose_b=True) / 0.5
-            logits -= 1e9 * tf.one_hot(own, 2 * total)  # an example is not its own negative
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits)
-
-        losses = tf.concat([side(first, rows, rows + total), side(second, rows + total, rows)], 0)
-        return tf.reduce_mean(losses)  # the mean over this replica's examples
-
-    def schedule(self):
-        return beatloop.Schedule(beatloop.Beat("nt_xent", "sgd", "encoder"))
+    return {"gathered": docs, "not_gathered": NotGathered, "matrix": Matrix}
 
 
 def data():
@@ -87,10 +72,10 @@ def data():
     return dict_batches(train, 9, 40), dict_batches(validation, 9, 18)
 
 
-def train(initial: list, strategy=None, **config):
+def train(recipe_class, initial: list, strategy=None):
     """Two epochs from the ``initial`` encoder weights (models built in the strategy's
     scope, as the engine builds its own)."""
-    recipe = beatloop.make_recipe(Contrastive, config)
+    recipe = recipe_class()
     with strategy.scope() if strategy else contextlib.nullcontext():
         models = recipe.build_models({})
     models["encoder"].set_weights(initial)
@@ -107,11 +92,12 @@ def mirrored(out: str) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    encoder = beatloop.make_recipe(Contrastive).build_models({})["encoder"]
+    kinds = recipes()
+    encoder = kinds["gathered"]().build_models({})["encoder"]
     start, initial = all_weights({"encoder": encoder}), encoder.get_weights()
-    one = train(initial)
-    two = train(initial, strategy)
-    apart = train(initial, strategy, gather=False)
+    one = train(kinds["gathered"], initial)
+    two = train(kinds["gathered"], initial, strategy)
+    apart = train(kinds["not_gathered"], initial, strategy)
     ones = all_weights(one.models)
     report = {
         "replicas": strategy.num_replicas_in_sync,
@@ -123,7 +109,7 @@ def mirrored(out: str) -> None:
         "steps": [one.steps, two.steps],
     }
     try:  # last: a failed collective leaves the process's collectives aborted
-        train(initial, strategy, matrix=True)
+        train(kinds["matrix"], initial, strategy)
     except beatloop.BeatloopError as error:
         report["failure"] = {
             "class": type(error).__name__,
