@@ -38,11 +38,16 @@ def all_gather(x):
     return x if context is None else context.all_gather(x, axis=0)
 
 
-def batch_offset(batch: Mapping[str, tf.Tensor]) -> tf.Tensor:
+def batch_offset(batch: Mapping[str, tf.Tensor] | None) -> tf.Tensor:
     """The row of the global batch where this replica's rows of ``batch`` start, as an
     int32 scalar (0 on one device): ``all_gather(x)[offset : offset + n]`` is ``x``."""
     if _replicas() is None:
         return tf.constant(0, tf.int32)
+    if not batch:
+        raise BeatloopError(
+            "models.batch_offset was read where there is no batch (outside a loss or a "
+            "group's forward); read it in the loss whose batch it locates"
+        )
     return tf.cast(batch_share(leading_dimension(batch)).offset, tf.int32)
 
 
