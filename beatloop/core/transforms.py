@@ -40,6 +40,8 @@ def signature_problem(fn) -> str | None:
     try:
         signature.bind([], [])
     except TypeError:
+        if inspect.isclass(fn):
+            return f"a class, not an instance: pass one, e.g. {fn.__qualname__}(...)"
         return f"whose signature {signature} cannot take two positional arguments"
     return None
 
