@@ -112,15 +112,27 @@ def apply_combined(group, gradients: list[list]) -> None:
 
 def combined_gradients(group, gradients: list[list]) -> dict[int, tf.Tensor]:
     """``group.combine`` on the combined variables: ``{id(variable): gradient}``. A beat
-    that does not update one of them contributes zeros for it."""
+    that does not update one of them contributes zeros for it.
+
+    On several replicas the combination sees the global batch's gradients (each
+    replica's, weighted by its share, summed over replicas), as on one device; the
+    optimizer then sums what every replica hands it, so the first replica hands the
+    combined gradient and the others zeros: the sum is the combined gradient, exactly."""
     shared = group.combined_variables
     per_beat = []
     for beat, grads in zip(group.beats, gradients, strict=True):
         own = {id(v): g for v, g in zip(beat.variables, grads, strict=True)}
         per_beat.append([own.get(id(v), tf.zeros_like(v)) for v in shared])
+    context = tf.distribute.get_replica_context()
+    replicated = context is not None and context.num_replicas_in_sync > 1
+    if replicated:
+        per_beat = context.all_reduce(tf.distribute.ReduceOp.SUM, per_beat)
     where = f"group {group.name!r}: combine {shown(group.combine)}"
     result = _called(group.combine, "gradient combination", group.name, per_beat, shared)
     result = checked(result, len(shared), where)
+    if replicated:
+        first = tf.equal(context.replica_id_in_sync_group, 0)
+        result = [tf.where(first, g, tf.zeros_like(g)) for g in result]
     return {id(v): g for v, g in zip(shared, result, strict=True)}
 
 
