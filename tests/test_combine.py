@@ -310,6 +310,17 @@ def test_multitask_pcgrad_learns_and_differs_from_the_summed_joint_step(digits):
     assert int(pcgrad.optimizers["optimizer"].iterations) == 3 * 8  # one apply a step
 
 
+def test_multitask_pcgrad_in_debug_mode_runs_the_same_algorithm(digits):
+    train, _ = digits
+    data = dict_batches(train, 64, 128)
+    config = {"combine": "pcgrad", "hidden": 16, "learning_rate": 0.01}
+    compiled = beatloop.fit("multitask", data=data, seed=0, config=config, progress=False)
+    eager = beatloop.fit("multitask", data=data, seed=0, config=config, debug=True)
+    # Eager kernels and compiled graphs may round differently; the algorithm is the same.
+    for name, values in all_weights(compiled.models).items():
+        np.testing.assert_allclose(all_weights(eager.models)[name], values, rtol=1e-4, atol=1e-6)
+
+
 def test_multitask_pcgrad_runs_under_mixed_precision_and_refuses_alternating(digits):
     train, _ = digits
     result = beatloop.fit(
