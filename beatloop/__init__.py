@@ -41,6 +41,7 @@ _EXPORTS = {
     "ClipByNorm": "beatloop.core.beats",
     "ClipByValue": "beatloop.core.beats",
     "ClipValues": "beatloop.core.beats",
+    "PCGrad": "beatloop.core.transforms",
     "ModelCalls": "beatloop.core.forward",
     "SuppliedModel": "beatloop.core.supplied",
     "bind": "beatloop.core.binding",
@@ -142,6 +143,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run
     from beatloop.core.supplied import SuppliedModel
+    from beatloop.core.transforms import PCGrad
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (
         CsvLogger,
