@@ -42,6 +42,7 @@ _EXPORTS = {
     "ClipByNorm": "beatloop.core.beats",
     "ClipByValue": "beatloop.core.beats",
     "ClipValues": "beatloop.core.beats",
+    "PCGrad": "beatloop.core.transforms",
     "Update": "beatloop.core.updates",
     "EMA": "beatloop.core.updates",
     "Copy": "beatloop.core.updates",
@@ -76,6 +77,7 @@ _EXPORTS = {
     "RegistrationError": "beatloop.core.errors",
     "CallbackError": "beatloop.core.errors",
     "NumericsError": "beatloop.core.errors",
+    "CollectiveError": "beatloop.core.collectives",
     "RunDirError": "beatloop.core.errors",
     "CheckpointError": "beatloop.core.errors",
     "RunInterrupted": "beatloop.core.errors",
@@ -117,6 +119,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     )
     from beatloop.core.binding import bind
     from beatloop.core.callbacks import EVENTS, Callback, EventFilter, Order, when
+    from beatloop.core.collectives import CollectiveError
     from beatloop.core.data_origin import loop_data
     from beatloop.core.engine import Engine
     from beatloop.core.errors import (
@@ -146,6 +149,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run
     from beatloop.core.supplied import SuppliedModel
+    from beatloop.core.transforms import PCGrad
     from beatloop.core.updates import EMA, Act, Copy, Update
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (

@@ -434,9 +434,18 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> 
         chosen_steps_per_execution=engine.run.chosen_steps_per_execution,
         checkpoint_every=engine.options.checkpoint_every,
         resumed_from=engine.run.resumed_from,
-        updates={beat.name: [v.path for v in beat.variables] for beat in engine.bound.beats},
+        updates=_written(engine.bound),
         **facts,
     )
+
+
+def _written(bound) -> dict[str, list[str]]:
+    """The variable paths each beat updates and each update writes, by name (run.json)."""
+    owners = [*bound.beats, *(u for u in bound.updates if u.writes)]
+    return {
+        owner.name: [v.path for v in getattr(owner, "variables", None) or owner.writes]
+        for owner in owners
+    }
 
 
 def _result(engine: Engine, history: History) -> FitResult:

@@ -4,14 +4,16 @@ the training step runs them."""
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights
+from helpers import all_weights, assert_same_weights, load_npz, run_python, start_python
 from updates_recipe import Byol, build_byol_models, byol_data, hand_written_byol
 
 import beatloop
@@ -183,3 +185,79 @@ def test_an_update_that_fails_names_itself():
 
     with pytest.raises(beatloop.UserCodeError, match=r"update 'broken'.*no such buffer"):
         fit_byol(Broken("ema"), byol_data(), epochs=1)
+
+
+# --- in their own processes ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_ema_under_mirrored_strategy_equals_one_device(tmp_path):
+    out = tmp_path / "mirrored.json"
+    run_python(WORKERS / "updates_run.py", "mirrored", str(out))
+    report = json.loads(out.read_text())
+    assert report["replicas"] == 2 and report["steps"] == [8, 8]
+    assert report["target_move"] > 1e-3  # the EMA moved the target on both
+    assert report["max_difference"] < 1e-6  # float32 round-off of two half-batch sums
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("follow", ["ema", "copy"])
+def test_a_run_with_updates_killed_mid_epoch_resumes_bit_identical(tmp_path, follow):
+    # 96 examples in batches of 16: 6 steps an epoch; checkpoints every 4 steps; the kill
+    # after the call ending at step 10 (of 12) loses the steps since the one at 8.
+    spec = {"follow": follow, "every": 3, "epochs": 2, "checkpoint_every": 4}
+    spec["steps_per_execution"] = 2
+    worker = WORKERS / "updates_run.py"
+    full = {**spec, "run_dir": str(tmp_path / "full"), "out": str(tmp_path / "full.npz")}
+    run_python(worker, "resume", json.dumps(full))
+    killed = {**spec, "run_dir": str(tmp_path / "killed"), "out": str(tmp_path / "no.npz")}
+    process = start_python(worker, "resume", json.dumps({**killed, "kill_at": 10}))
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == -signal.SIGKILL, err
+    out = run_python(worker, "resume", json.dumps({**killed, "out": str(tmp_path / "r.npz")}))
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["resumed_from"] is not None and summary["steps"] == 12
+    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+
+
+class ShownByol(Byol):
+    """The EMA recipe with an act, as ``beatloop show`` finds it (test recipe)."""
+
+    name = "byol_show_test"
+
+    def __init__(self, config=None):
+        super().__init__("ema", act=True)
+
+    def default_data(self, seed):
+        return beatloop.DataSplit(byol_data())
+
+
+def test_show_prints_updates_and_acts_in_order_and_what_they_write(monkeypatch, capsys):
+    from beatloop.cli import main
+    from beatloop.plugins import registry as registry_module
+    from beatloop.plugins.registry import Registry
+
+    registry = Registry(load_entry_points=False)
+    monkeypatch.setattr(registry_module, "_REGISTRY", registry)
+    registry.register(ShownByol)
+    assert main(["show", "byol_show_test"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  1. byol: loss=byol optimizer=sgd updates=online,predictor\n"
+        "  2. target: EMA source=online target=target decay=0.9 every=1\n"
+        "  3. count: act fn=Byol.count every=1\n"
+    ) in out
+    assert "variables each beat updates and each update writes (default models):" in out
+    assert re.search(
+        r"  target \(update, writes 4 variables\):\n      target/\w+/kernel \(8, 6\)", out
+    )
+    assert "frozen" not in out
+
+
+def test_run_json_records_the_schedule_and_what_each_update_writes(tmp_path):
+    fit_byol(Byol("copy", every=2), byol_data(), epochs=1, run_dir=tmp_path / "run")
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["schedule"][1] == "2. target: Copy source=online target=target every=2"
+    assert sorted(record["updates"]) == ["byol", "target"]
+    assert len(record["updates"]["target"]) == 4
+    assert all(path.startswith("target/") for path in record["updates"]["target"])

@@ -80,11 +80,13 @@ def _show_data(recipe) -> None:
 
 
 def _show_variables(recipe, schedule, state=None) -> None:
-    """The variables each beat updates in the recipe's default models, or why they
-    cannot be shown (no built-in data, no models built, a required model not built)."""
+    """The variables each beat updates (and each update writes) in the recipe's default
+    models, or why they cannot be shown (no built-in data, no models built, a required
+    model not built); ``state``: the recipe's, which the binding probe's losses read."""
     from beatloop.core.binding import bind
 
-    title = "\nvariables each beat updates (default models):"
+    writers = " and each update writes" if schedule.updates else ""
+    title = f"\nvariables each beat updates{writers} (default models):"
     lacking, models = _not_shown(recipe)
     if lacking:
         print(f"{title} not shown:")

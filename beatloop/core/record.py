@@ -169,8 +169,9 @@ def _shape_differences(old: Mapping, new: Mapping) -> list[str]:
 
 def write_run_json(path: Path, record: RunRecord, **facts: Any) -> None:
     """Write ``run.json``: the record, then ``facts`` about this run (epochs, steps per
-    execution, what it resumed from, the variables each beat updates) and the versions
-    that ran it. Written to a temporary file first and renamed, so it is whole or old."""
+    execution, what it resumed from, the variables each beat updates and each update
+    writes) and the versions that ran it. Written to a temporary file first and
+    renamed, so it is whole or old."""
     import keras
     import tensorflow as tf
 
