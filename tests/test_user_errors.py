@@ -276,3 +276,41 @@ def test_the_command_line_shows_the_line_and_the_cause(monkeypatch, capsys):
     assert err.startswith("beatloop: error: recipe 'broken_by_name_test': loss 'xent'")
     assert f"test_user_errors.py:{line_of('# loss raises here')} in xent" in err
     assert "KeyError: 'oops'" in err
+
+
+class PerTaskRows(beatloop.Recipe):
+    """A loss that unstacks a fixed number of rows: the batch of 10 in 4s ends short."""
+
+    name = "per_task_rows"
+
+    def build_models(self, spec):
+        return {"model": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])}
+
+    def build_optimizers(self):
+        return {"sgd": keras.optimizers.SGD(0.1)}
+
+    def losses(self):
+        def per_task(models, batch):
+            rows = tf.unstack(batch["x"], num=4)  # a fixed batch size
+            return tf.add_n([tf.reduce_sum(models["model"](row[None])) for row in rows])
+
+        return {"loss": per_task}
+
+    def schedule(self):
+        return beatloop.Schedule(beatloop.Beat("loss", "sgd", "model"))
+
+
+def test_an_op_the_losss_own_line_made_failing_is_that_lines_error_not_a_data_error():
+    x = np.ones((10, 2), np.float32)
+    data = beatloop.DataSplit(tf.data.Dataset.from_tensor_slices({"x": x}).batch(4))
+    with pytest.raises(beatloop.UserCodeError) as caught:
+        beatloop.fit(PerTaskRows(), data=data, epochs=1)
+    assert not isinstance(caught.value, beatloop.DataError)
+    message = str(caught.value)
+    assert message.startswith(
+        "recipe 'per_task_rows': loss 'per_task' failed: InvalidArgumentError: Input shape "
+        "axis 0 must equal 4, got shape [2,2]"
+    ), message
+    assert "take sizes from tf.shape(x)" in message
+    assert 'rows = tf.unstack(batch["x"], num=4)' in message
+    assert isinstance(caught.value.__cause__.__cause__, tf.errors.InvalidArgumentError)

@@ -77,6 +77,8 @@ def data_errors(
         found = data_error(error, role, label, classes or {})
         if found is None:
             raise
+        if isinstance(found, UserCodeError):
+            raise found from found.original
         if isinstance(found, LabelRangeError) and data is not None:
             found = with_largest(found, largest_label(data, found.keys))
         raise found from None
@@ -115,10 +117,11 @@ def largest_label(data: tf.data.Dataset, keys) -> int | None:
 
 def data_error(
     error: tf.errors.OpError, role: str, label: str | None, classes: LabelClasses
-) -> DataError | None:
+) -> DataError | UserCodeError | None:
     """The DataError for an op error the ``role`` data set caused, or ``None`` for one
     it did not (an error outside the data pipeline that is not an invalid argument).
-    TensorFlow's error is its ``original``."""
+    TensorFlow's error is its ``original``. An invalid argument of an op the recipe's
+    own line made (not one inside a model) is that line's UserCodeError instead."""
     message = error.message or str(error)
     found = label_error(message, role, label, classes)
     if found is None:
@@ -127,6 +130,9 @@ def data_error(
             cause = python_failure(message) or f"{type(error).__name__}: {op_error_summary(error)}"
             found = DataError(f"{head}the {role} data pipeline failed: {cause}")
         elif isinstance(error, tf.errors.InvalidArgumentError):
+            own = own_op_error(error, label)
+            if own is not None:
+                return own
             found = DataError(f"{head}a {role} step failed on its batch: {op_error_summary(error)}")
         else:
             return None
@@ -154,6 +160,41 @@ def assertion_error(error: tf.errors.OpError, label: str | None) -> UserCodeErro
         for file, line, function in reversed(inner)
     )
     words = tf.errors.InvalidArgumentError(None, None, assertion_summary(message))
+    words.__cause__ = error
+    return UserCodeError(what, words, at=at, recipe=label)
+
+
+#: Words of a shape that did not hold when the step ran.
+_SHAPE_WORDS = re.compile(r"shape|dimension|must equal|Incompatible", re.IGNORECASE)
+
+
+def own_op_error(error: tf.errors.OpError, label: str | None) -> UserCodeError | None:
+    """An op error of an op the recipe's own line made directly (its definition
+    traceback ends in the recipe's function, not in a model or library), as the
+    UserCodeError naming that function and line; ``None`` for any other. A shape that did
+    not hold gets the usual cause in its words: a batch's size is known only when the
+    step runs."""
+    message = error.message or str(error)
+    found = _DEFINED_AT.search(message + "\n\n.")
+    if found is None:
+        return None
+    frames = [(f, int(n), fn) for f, n, fn in _DEFINITION_FRAME.findall(found[2])]
+    called = called_as(frames)
+    if called is None:
+        return None
+    what, inner = called
+    file, line, function = inner[-1]
+    at = own_frame([(file, line, function, linecache.getline(file, line).strip() or None)])
+    if at is None:  # the op was made inside a model, a loss class or another library
+        return None
+    summary = op_error_summary(error)
+    if _SHAPE_WORDS.search(summary):
+        summary += (
+            "; a batch's size is known only when the step runs (its static shape is "
+            "(None, ...)): the last batch of a pass can be smaller, and under a strategy "
+            "each replica gets its share, so take sizes from tf.shape(x), not fixed numbers"
+        )
+    words = type(error)(None, None, summary)
     words.__cause__ = error
     return UserCodeError(what, words, at=at, recipe=label)
 
