@@ -31,6 +31,7 @@ from beatloop.core.engine import Engine
 from beatloop.core.errors import CheckpointError, ConfigError, DataError, RunInterrupted
 from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.pacing import AUTO
+from beatloop.core.phased import updates_by_beat
 from beatloop.core.recipe import Recipe, defines
 from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
@@ -432,7 +433,7 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> 
         chosen_steps_per_execution=engine.run.chosen_steps_per_execution,
         checkpoint_every=engine.options.checkpoint_every,
         resumed_from=engine.run.resumed_from,
-        updates={beat.name: [v.path for v in beat.variables] for beat in engine.bound.beats},
+        updates=updates_by_beat(engine.parts.phased or (engine.bound,)),
         **facts,
     )
 

@@ -32,7 +32,8 @@ def run(args) -> int:
         value = getattr(recipe.config, field.name)
         print(f"  {field.name}: {type_name(field.type)} = {value!r}  (default {default!r})")
     schedule = recipe.schedule()
-    print("\nschedule (one step):")
+    phased = not hasattr(schedule, "all_beats")  # Phases: a schedule per span of epochs
+    print("\nschedule (one step of each phase):" if phased else "\nschedule (one step):")
     for line in schedule.describe().splitlines():
         print(f"  {line}")
     if cls.supplied_models:
@@ -66,7 +67,7 @@ def _show_data(recipe) -> None:
 def _show_variables(recipe, schedule) -> None:
     """The variables each beat updates in the recipe's default models, or why they
     cannot be shown (no built-in data, no models built, a required model not built)."""
-    from beatloop.core.binding import bind
+    from beatloop.core.phased import bind_schedule
 
     title = "\nvariables each beat updates (default models):"
     lacking, models = _not_shown(recipe)
@@ -77,12 +78,17 @@ def _show_variables(recipe, schedule) -> None:
         return
     supplied = frozenset(recipe.supplied_models)
     optimizers, losses = recipe.build_optimizers(), recipe.losses()
-    bound = bind(
+    bounds = bind_schedule(
         schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards()
     )
     print(title)
-    for line in bound.describe_variables().splitlines():
-        print(f"  {line}")
+    names = [phase.name for phase in getattr(schedule, "phases", ())]
+    for index, bound in enumerate(bounds):
+        indent = "    " if names else "  "
+        if names:
+            print(f"  phase {names[index]} ({schedule.span(index)}):")
+        for line in bound.describe_variables().splitlines():
+            print(f"{indent}{line}")
 
 
 def _not_shown(recipe) -> tuple[list[str], dict]:

@@ -13,19 +13,16 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.batches import DataSplit, batch_shapes, check_split
-from beatloop.core.beats import Group
-from beatloop.core.binding import BoundSchedule, bind
+from beatloop.core.binding import BoundSchedule
 from beatloop.core.callbacks import Callback
 from beatloop.core.counters import Counters
 from beatloop.core.errors import (
     BeatloopError,
     ConfigError,
     DataError,
-    InputMismatchError,
     UserCodeError,
     did_you_mean,
 )
-from beatloop.core.forward import forward, shared_forward
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.loss_watch import loss_watches
 from beatloop.core.metrics import StepMetrics
@@ -33,10 +30,12 @@ from beatloop.core.naming import RunNames, warn_history_named
 from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
+from beatloop.core.phased import PhasedRun, bind_schedule, phase_parts
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
 from beatloop.core.supplied import loaded, missing_models
+from beatloop.core.unbuilt import build_unbuilt
 from beatloop.core.user_code import as_written, in_recipe, recipe_functions
 
 
@@ -65,6 +64,15 @@ class RunParts:
     #: The run's Keras name counters: its parts were built and traced in their scope,
     #: and so is any loop traced later (``beatloop.core.naming``).
     names: RunNames = attrs.field(factory=RunNames)
+    #: A recipe in phases: each phase's parts (the fields above hold the first's until
+    #: the engine enters another: ``beatloop.core.phased``); ``None`` without phases.
+    phased: PhasedRun | None = None
+
+    def guards(self) -> list[DivergenceGuard]:
+        """The divergence guards of every phase (checkpointed); none with the guard off."""
+        if self.phased is not None:
+            return self.phased.guards()
+        return [] if self.divergence is None else [self.divergence]
 
 
 def assemble(
@@ -100,43 +108,52 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
             with data_errors("training", label):  # models meet the training data here
-                _build_unbuilt(recipe, built_models, spec, random, label)
+                build_unbuilt(recipe, built_models, spec, random, label)
         built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
+        schedule = recipe.schedule()
         with data_errors("training", label):
-            bound = _bind(recipe, built_models, built_optimizers, spec, random, label, strategy)
-        beat_names = [beat.name for beat in bound.beats]
-        last_logged = [beat.name for beat in bound.beats if beat.log == "last"]
+            bounds = _bind(
+                recipe, schedule, built_models, built_optimizers, spec, random, label, strategy
+            )
+        beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
+        beat_names = list(dict.fromkeys(beat.name for beat in beats))
+        last_logged = [beat.name for beat in beats if beat.log == "last"]
         train_metrics = StepMetrics(
             beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
         )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
     # Like the counters, outside the replicas: updated on the checks summed over them.
-    divergence = (
-        None
-        if options.divergence is None
-        else DivergenceGuard(bound.beats, options.divergence, options.divergence_window)
-    )
+    guards = [_guard(bound, options) for bound in bounds]
     # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
-    train_loop, validation_loop = _loops(
-        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
-        label, divergence, validation_random,
-    )  # fmt: skip
+    loops = [
+        _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options,
+               strategy, label, guard, validation_random)
+        for bound, guard in zip(bounds, guards, strict=True)
+    ]  # fmt: skip
+    phased = phase_parts(schedule, bounds, loops, guards, train_metrics, validation_metrics)
     return RunParts(
         recipe=recipe,
         label=label,
-        bound=bound,
+        bound=bounds[0],
         counters=counters,
         train_metrics=train_metrics,
         validation_metrics=validation_metrics,
-        train_loop=train_loop,
-        validation_loop=validation_loop,
-        callbacks=(*recipe_callbacks(recipe), *loss_watches(bound.beats, options.divergence)),
-        record=RunRecord.of(recipe, bound, spec, seed, options.precision),
-        divergence=divergence,
+        train_loop=loops[0][0],
+        validation_loop=loops[0][1],
+        callbacks=(*recipe_callbacks(recipe), *loss_watches(beats, options.divergence)),
+        record=RunRecord.of(recipe, bounds[0], spec, seed, options.precision, schedule),
+        divergence=guards[0],
         validation_random=validation_random,
+        phased=phased,
     )
+
+
+def _guard(bound: BoundSchedule, options: EngineOptions) -> DivergenceGuard | None:
+    if options.divergence is None:
+        return None
+    return DivergenceGuard(bound.beats, options.divergence, options.divergence_window)
 
 
 def _loops(
@@ -282,48 +299,11 @@ def _replaced(
     return parts
 
 
-def _build_unbuilt(
-    recipe: Recipe, models: Mapping[str, keras.Layer], spec, random, label: str
-) -> None:
-    """Create the variables of models built lazily (e.g. ``Sequential`` without ``Input``)
-    by running every lone beat's loss and every group's forward once in inference mode on
-    a zero batch of the data's spec. They draw from a copy of ``random``, so the run's
-    stream still starts at its seed."""
-    if all(model.built for model in models.values()):
-        return
-    random = tf.random.Generator.from_state(random.state.read_value(), random.algorithm)
-    batch = {
-        key: tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
-        for key, s in spec.items()
-    }
-    losses, forwards = recipe.losses(), recipe.forwards()
-    for entry in recipe.schedule().beats:
-        grouped = isinstance(entry, Group)
-        name = entry.forward if grouped else entry.loss
-        function = (forwards if grouped else losses).get(name)
-        if function is None:  # binding names what is missing
-            continue
-        try:
-            if grouped:
-                shared_forward(function, entry.name, models, frozenset(), batch, random)
-            else:
-                forward(function, entry.name, models, frozenset(), (), batch, random)
-        except UserCodeError as error:
-            raise error.in_recipe(label, batch_shapes(spec)) from error.original
-        except InputMismatchError as error:  # found on the zero batch: show the data's shape
-            shape = spec[error.key].shape if error.key in spec else None
-            found = None if shape is None or shape.rank is None else tuple(shape.as_list())
-            raise error.completed(found=found) from None
-        except BeatloopError:
-            raise
-        except Exception as error:  # a user's model meeting the data: say which, briefly
-            raise DataError(failure_message(label, name, spec, error)) from None
-
-
-def _bind(recipe, models, optimizers, spec, random, label: str, strategy=None) -> BoundSchedule:
+def _bind(recipe, schedule, models, optimizers, spec, random, label: str, strategy=None):
+    """The schedule bound (every phase's, for a recipe in phases), as a tuple."""
     try:
-        return bind(
-            recipe.schedule(),
+        return bind_schedule(
+            schedule,
             models,
             optimizers,
             recipe_functions(recipe, recipe.losses()),

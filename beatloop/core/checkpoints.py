@@ -332,6 +332,6 @@ def run_checkpoints(parts, run_dir: Path | None, options) -> RunCheckpoints | No
         random=parts.bound.random,
         metric_variables=parts.train_metrics.variables(),
         last_values=parts.train_metrics.last_variables(),
-        divergence=parts.divergence.variables() if parts.divergence is not None else (),
+        divergence=[v for guard in parts.guards() for v in guard.variables()],
         max_to_keep=options.max_to_keep,
     )
