@@ -42,10 +42,11 @@ def hand_written(pretrain_epochs: int, probe_epochs: int) -> dict:
     trained = models(0)
     train, _ = data()
     optimizers = {"pretrain": keras.optimizers.Adam(1e-2), "probe": keras.optimizers.Adam(1e-2)}
+    encoder, decoder, head = (trained[name] for name in ("encoder", "decoder", "probe"))
     variables = {
-        "pretrain": [*trained["encoder"].trainable_variables, *trained["decoder"].trainable_variables],
-        "probe": list(trained["probe"].trainable_variables),
-    }  # fmt: skip
+        "pretrain": [*encoder.trainable_variables, *decoder.trainable_variables],
+        "probe": list(head.trainable_variables),
+    }
     for name, optimizer in optimizers.items():
         optimizer.build(variables[name])
 
@@ -183,9 +184,9 @@ def test_phases_are_checked_as_values():
         beatloop.Phases(beatloop.Phase("a", one), beatloop.Phase("b", one))
     with pytest.raises(beatloop.ScheduleError, match="repeated: a"):
         beatloop.Phases(beatloop.Phase("a", one, epochs=1), beatloop.Phase("a", one))
-    with pytest.raises(beatloop.ScheduleError, match="needs a beatloop.Schedule, got Beat"):
+    with pytest.raises(beatloop.ScheduleError, match=r"needs a beatloop\.Schedule, got Beat"):
         beatloop.Phase("a", PROBE)
-    with pytest.raises(beatloop.ConfigError, match="integer >= 1.*got 0"):
+    with pytest.raises(beatloop.ConfigError, match=r"integer >= 1.*got 0"):
         beatloop.Phase("a", one, epochs=0)
     with pytest.raises(beatloop.ScheduleError, match="holds Phase values, got Schedule"):
         beatloop.Phases(one)
@@ -220,17 +221,21 @@ def test_show_prints_each_phases_schedule_and_variables(monkeypatch, capsys):
 def test_a_run_killed_in_a_phase_resumes_bit_identical(tmp_path, kill_at):
     """Checkpoints every 3 steps (and at each epoch's end): the kill at step 7 (epoch 2,
     pretraining) or 13 (epoch 3, probing) loses a step or two of that phase."""
-    spec = {"epochs": 4, "checkpoint_every": 3}
+
+    def start(run_dir: Path, out: str, **more):
+        spec = {"epochs": 4, "checkpoint_every": 3, "run_dir": str(run_dir), "out": out}
+        return start_python(WORKER, json.dumps({**spec, **more}))
+
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
-    full = start_python(WORKER, json.dumps({**spec, "run_dir": str(full_dir), "out": str(tmp_path / "full.npz")}))  # fmt: skip
-    killed = start_python(WORKER, json.dumps({**spec, "run_dir": str(killed_dir), "kill_at": kill_at, "out": "unused"}))  # fmt: skip
+    full = start(full_dir, str(tmp_path / "full.npz"))
+    killed = start(killed_dir, "unused", kill_at=kill_at)
     _, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, err
     assert len(history_records(killed_dir)) == kill_at // STEPS_PER_EPOCH
     _, err = full.communicate(timeout=300)
     assert full.returncode == 0, err
 
-    resumed = start_python(WORKER, json.dumps({**spec, "run_dir": str(killed_dir), "out": str(tmp_path / "r.npz")}))  # fmt: skip
+    resumed = start(killed_dir, str(tmp_path / "r.npz"))
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     assert json.loads(out.splitlines()[-1])["steps"] == 4 * STEPS_PER_EPOCH
