@@ -30,7 +30,7 @@ from beatloop.core.naming import RunNames, warn_history_named
 from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
-from beatloop.core.phased import PhasedRun, bind_schedule, phase_parts
+from beatloop.core.phased import PhasedRun, bind_schedule, in_phase, phase_parts
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
@@ -95,7 +95,7 @@ def assemble(
     names = RunNames()
     with names.scope():
         parts = _assemble(recipe, data, options, models, optimizers, seed, label, strategy)
-    return attrs.evolve(parts, names=names)
+    return in_phase(attrs.evolve(parts, names=names), 0)  # in phases: the first's parts
 
 
 def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) -> RunParts:

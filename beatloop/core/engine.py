@@ -1,10 +1,9 @@
 """The engine: epochs of compiled calls, and the events around them.
 
 Shaped like Orbit's ``Controller``: a short loop over parts handed to it. What a run is
-made of comes from ``assemble``; the data from a
-``DataStream``; checkpoints, rollback and Ctrl-C from
-``Recovery``. The engine runs epochs of compiled calls of up
-to K steps (``CompiledLoop``) and fires the events, eagerly,
+made of comes from ``assemble`` (a recipe in phases: the phase's, ``enter_phase``); the data
+from a ``DataStream``; checkpoints, rollback and Ctrl-C from ``Recovery``. The engine runs
+epochs of compiled calls of up to K steps (``CompiledLoop``) and fires the events, eagerly,
 between them.
 """
 
@@ -28,7 +27,7 @@ from beatloop.core.metrics import LazyLogs
 from beatloop.core.op_errors import data_errors
 from beatloop.core.options import EngineOptions
 from beatloop.core.pacing import AUTO, EVALUATION_STEPS, pace_for
-from beatloop.core.phased import in_phase
+from beatloop.core.phased import check_epochs, enter_phase
 from beatloop.core.recipe import Recipe, label_settings
 from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
@@ -66,8 +65,6 @@ class Engine:
             recipe, data, options, models=models, optimizers=optimizers, seed=seed,
             label=label, strategy=strategy,
         )  # fmt: skip
-        if parts.phased is not None:  # the first phase's parts, until a resume says
-            parts = in_phase(parts, parts.phased.at(0))
         if run_dir is None and options.on_nan == "rollback":
             raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
         self.parts = parts
@@ -145,26 +142,15 @@ class Engine:
             self.run.resumed_from = self.recovery.resume()
             if self.run.resumed_from is not None:
                 self.stream.reposition()
-                self._enter_phase(int(self.parts.counters.epoch))
+                enter_phase(self, int(self.parts.counters.epoch))
         return self.run.resumed_from
-
-    def _enter_phase(self, epoch: int) -> None:
-        """For a recipe in phases, run the parts of the phase ``epoch`` falls in: its
-        loops, metrics and guard; callbacks see its bound schedule as ``run.bound``."""
-        phased = self.parts.phased
-        if phased is None or phased.at(epoch).bound is self.parts.bound:
-            return
-        self.parts = in_phase(self.parts, phased.at(epoch))
-        self.evaluation.parts = self.parts
-        self.run.bound = self.parts.bound
 
     def fit(self, epochs: int) -> dict[str, float]:
         """Run epochs until ``epochs`` have completed (counting those of a resumed run);
         return the last epoch's logs."""
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
-        if self.parts.phased is not None:
-            self.parts.phased.check_epochs(epochs)
+        check_epochs(self.parts, epochs)  # a recipe in phases of fixed length
         run = self.run
         run.epochs = epochs
         self.resume()
@@ -188,7 +174,7 @@ class Engine:
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch: its training calls, validation, then the epoch's end."""
-        self._enter_phase(epoch)
+        enter_phase(self, epoch)
         run, counters = self.run, self.parts.counters
         if int(counters.epoch_batches) == 0:  # a fresh epoch, not one resumed mid-way
             self.parts.train_metrics.reset()

@@ -99,11 +99,32 @@ class PhasedRun:
         return [part.divergence for part in self.parts if part.divergence is not None]
 
 
-def in_phase(parts, phase: PhaseParts):
-    """The run's parts (a ``RunParts``) with ``phase``'s in place of those it has."""
+def in_phase(parts, epoch: int):
+    """The run's parts (a ``RunParts``) with those of the phase ``epoch`` falls in, for a
+    recipe in phases; ``parts`` themselves otherwise, or when they are that phase's."""
+    if parts.phased is None:
+        return parts
+    phase = parts.phased.at(epoch)
+    if phase.train_metrics is parts.train_metrics:
+        return parts
     fields = attrs.asdict(phase, recurse=False)
     fields.pop("name")
     return attrs.evolve(parts, **fields)
+
+
+def enter_phase(engine, epoch: int) -> None:
+    """Make ``engine`` (an ``Engine``) run the phase ``epoch`` falls in: its loops,
+    metrics and guard; its evaluation and callbacks (``run.bound``) see the phase's."""
+    parts = in_phase(engine.parts, epoch)
+    if parts is not engine.parts:
+        engine.parts = engine.evaluation.parts = parts
+        engine.run.bound = parts.bound
+
+
+def check_epochs(parts, epochs: int) -> None:
+    """Refuse a run longer than a recipe's phases of fixed length cover."""
+    if parts.phased is not None:
+        parts.phased.check_epochs(epochs)
 
 
 def updates_by_beat(bounds: PhasedRun | Iterable[BoundSchedule]) -> dict[str, list[str]]:
