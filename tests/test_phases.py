@@ -145,29 +145,58 @@ def test_every_phases_binding_error_names_its_phase_before_training():
     assert "of model 'decoder' is updated by no beat" in problems[2]
 
 
+class WarmUpThenFineTune(PretrainThenProbe):
+    """The probe warms up on the frozen encoder (optimizer ``probe``), then encoder and
+    probe are fine-tuned together (optimizer ``pretrain``, built once for both phases)."""
+
+    name = "warm_up_then_fine_tune_test"
+
+    def schedule(self):
+        warm = schedule(PROBE, frozen=("encoder", "decoder"))
+        both = schedule(
+            beatloop.Beat("probe", "pretrain", updates=("encoder", "probe")), frozen="decoder"
+        )
+        return beatloop.Phases(
+            beatloop.Phase("warm_up", warm, epochs=1), beatloop.Phase("fine_tune", both)
+        )
+
+
+class SeenOptimizers(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen.append(self.model.optimizer)
+
+
 def test_a_variable_frozen_in_one_phase_is_trained_in_the_next():
-    """Frozen, then unfrozen: the encoder is frozen while the probe warms up, then both
-    train with one optimizer, built once for both phases' variables."""
-
-    class Unfreeze(PretrainThenProbe):
-        name = "unfreeze_test"
-
-        def schedule(self):
-            warm = schedule(PROBE, frozen=("encoder", "decoder"))
-            both = schedule(
-                beatloop.Beat("probe", "probe", updates=("encoder", "probe")), frozen="decoder"
-            )
-            return beatloop.Phases(
-                beatloop.Phase("warm_up", warm, epochs=1), beatloop.Phase("fine_tune", both)
-            )
-
     keras.utils.set_random_seed(0)
     before = all_weights(models(0))
-    result = beatloop.fit(Unfreeze, epochs=2, seed=0, steps_per_epoch=2, progress=False)
+    seen = SeenOptimizers()
+    result = beatloop.fit(
+        WarmUpThenFineTune, epochs=3, seed=0, steps_per_epoch=2, progress=False,
+        callbacks=[beatloop.keras_callback(seen, model="probe")],
+    )  # fmt: skip
     after = all_weights(result.models)
     assert not (before["encoder/0"] == after["encoder/0"]).all()
     assert (before["decoder/0"] == after["decoder/0"]).all()
-    assert len(result.history["probe"]) == 2  # one figure for the beat of both phases
+    assert len(result.history["probe"]) == 3  # one figure for the beat of both phases
+    # A Keras callback sees the optimizer of the phase it is in.
+    optimizers = result.optimizers
+    assert seen.seen == [optimizers["probe"], optimizers["pretrain"], optimizers["pretrain"]]
+
+
+def test_the_divergence_guard_watches_every_phase_and_resumes(tmp_path):
+    """Each phase's beats have their own window; all are checkpointed, so a run
+    continued into the second phase ends as one that never stopped."""
+    options = {"seed": 0, "divergence": 50.0, "divergence_window": 4, "progress": False}
+    whole = beatloop.fit(PretrainThenProbe, epochs=3, **options)
+    beatloop.fit(PretrainThenProbe, epochs=2, run_dir=tmp_path / "run", **options)
+    continued = beatloop.fit(PretrainThenProbe, epochs=3, run_dir=tmp_path / "run", **options)
+    assert continued.resumed_from is not None
+    assert_same_weights(all_weights(continued.models), all_weights(whole.models))
+    assert continued.history == whole.history
 
 
 def test_a_run_longer_than_fixed_phases_is_refused():

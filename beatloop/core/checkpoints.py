@@ -146,8 +146,10 @@ class RunCheckpoints:
             if key in self._parts and not any(name.startswith(f"{key}/") for name in shapes)
         }
         if DIVERGENCE in self._parts and DIVERGENCE not in left_out:
-            stored = [shapes.get(f"{DIVERGENCE}/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in (0, 1)]
-            ours = [list(v.shape) for v in self._parts[DIVERGENCE]]
+            ours = [list(v.shape) for v in self._parts[DIVERGENCE]]  # a pair per phase
+            stored = [
+                shapes.get(f"{DIVERGENCE}/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(len(ours))
+            ]
             if stored != ours:
                 left_out.add(DIVERGENCE)
                 warnings.warn(
