@@ -3,7 +3,8 @@
 A ``keras.callbacks.Callback`` in ``callbacks=`` is wrapped in a ``KerasCallback``:
 a beatloop callback that calls the Keras one's methods at the events ``fit`` would call
 them at. The Keras callback sees one model and one optimizer: by default the recipe's
-primary model (``primary_model``) and the optimizer of the beat that updates it;
+primary model (``primary_model``) and the optimizer of the beat that updates it (for a
+recipe in phases, in the current phase: looked up again when a phase starts);
 ``keras_callback`` names others.
 
 As ``self.model`` the Keras callback gets a ``ModelView``, never the model itself:
