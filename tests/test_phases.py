@@ -199,6 +199,20 @@ def test_the_divergence_guard_watches_every_phase_and_resumes(tmp_path):
     assert continued.history == whole.history
 
 
+def test_the_nan_guard_names_the_beat_of_the_phase_that_faulted():
+    class NanProbe(PretrainThenProbe):
+        name = "nan_probe_test"
+
+        def losses(self):
+            return {**super().losses(), "probe": lambda m, b: probe(m, b) * float("nan")}
+
+    with pytest.raises(
+        beatloop.NumericsError, match=r"beat 'probe' .* at step 11 \(epoch 3\)"
+    ) as raised:
+        beatloop.fit(NanProbe, epochs=4, seed=0, steps_per_execution=1, progress=False)
+    assert "reconstruction" not in str(raised.value)
+
+
 def test_a_run_longer_than_fixed_phases_is_refused():
     with pytest.raises(beatloop.ConfigError, match=r"cover 3 epoch\(s\).*epochs=4"):
         beatloop.fit(

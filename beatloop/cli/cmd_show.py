@@ -18,6 +18,7 @@ def run(args) -> int:
     import attrs
 
     from beatloop.core.config import config_fields, parse_settings, type_name
+    from beatloop.core.phases import Phases
     from beatloop.fitting import make_recipe
     from beatloop.plugins.registry import get_recipe
 
@@ -32,7 +33,7 @@ def run(args) -> int:
         value = getattr(recipe.config, field.name)
         print(f"  {field.name}: {type_name(field.type)} = {value!r}  (default {default!r})")
     schedule = recipe.schedule()
-    phased = not hasattr(schedule, "all_beats")  # Phases: a schedule per span of epochs
+    phased = isinstance(schedule, Phases)  # a schedule per span of epochs
     print("\nschedule (one step of each phase):" if phased else "\nschedule (one step):")
     for line in schedule.describe().splitlines():
         print(f"  {line}")
@@ -68,6 +69,7 @@ def _show_variables(recipe, schedule) -> None:
     """The variables each beat updates in the recipe's default models, or why they
     cannot be shown (no built-in data, no models built, a required model not built)."""
     from beatloop.core.phased import bind_schedule
+    from beatloop.core.phases import Phases
 
     title = "\nvariables each beat updates (default models):"
     lacking, models = _not_shown(recipe)
@@ -82,13 +84,12 @@ def _show_variables(recipe, schedule) -> None:
         schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards()
     )
     print(title)
-    names = [phase.name for phase in getattr(schedule, "phases", ())]
+    phases = schedule.phases if isinstance(schedule, Phases) else ()
     for index, bound in enumerate(bounds):
-        indent = "    " if names else "  "
-        if names:
-            print(f"  phase {names[index]} ({schedule.span(index)}):")
+        if phases:
+            print(f"  phase {phases[index].name} ({schedule.span(index)}):")
         for line in bound.describe_variables().splitlines():
-            print(f"{indent}{line}")
+            print(f"{'    ' if phases else '  '}{line}")
 
 
 def _not_shown(recipe) -> tuple[list[str], dict]:
