@@ -43,6 +43,7 @@ _EXPORTS = {
     "ClipByNorm": "beatloop.core.beats",
     "ClipByValue": "beatloop.core.beats",
     "ClipValues": "beatloop.core.beats",
+    "PCGrad": "beatloop.core.transforms",
     "ModelCalls": "beatloop.core.forward",
     "SuppliedModel": "beatloop.core.supplied",
     "bind": "beatloop.core.binding",
@@ -73,6 +74,7 @@ _EXPORTS = {
     "RegistrationError": "beatloop.core.errors",
     "CallbackError": "beatloop.core.errors",
     "NumericsError": "beatloop.core.errors",
+    "CollectiveError": "beatloop.core.collectives",
     "RunDirError": "beatloop.core.errors",
     "CheckpointError": "beatloop.core.errors",
     "RunInterrupted": "beatloop.core.errors",
@@ -114,6 +116,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     )
     from beatloop.core.binding import bind
     from beatloop.core.callbacks import EVENTS, Callback, EventFilter, Order, when
+    from beatloop.core.collectives import CollectiveError
     from beatloop.core.engine import Engine
     from beatloop.core.errors import (
         BeatloopError,
@@ -143,6 +146,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run
     from beatloop.core.supplied import SuppliedModel
+    from beatloop.core.transforms import PCGrad
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (
         CsvLogger,

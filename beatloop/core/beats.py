@@ -16,6 +16,15 @@ from typing import Literal
 import attrs
 import tensorflow as tf
 
+from beatloop.core.transforms import (  # noqa: F401  (the built-in transforms' old home)
+    ClipByGlobalNorm,
+    ClipByNorm,
+    ClipByValue,
+    GradientTransform,
+    check_gradient_fn,
+    described,
+)
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -47,52 +56,6 @@ def _selectors(instance, attribute, value) -> None:
 
 _positive_int = [attrs.validators.instance_of(int), attrs.validators.ge(1)]
 _positive_float = [attrs.validators.instance_of((int, float)), attrs.validators.gt(0)]
-
-
-# --- gradient transforms -------------------------------------------------------------
-
-
-@attrs.frozen
-class ClipByGlobalNorm:
-    """Scale all of a beat's gradients together so their global norm is at most ``norm``."""
-
-    norm: float = attrs.field(validator=_positive_float)
-
-    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        clipped, _ = tf.clip_by_global_norm(grads, self.norm)
-        return list(clipped)
-
-    def describe(self) -> str:
-        return f"clip by global norm {self.norm:g}"
-
-
-@attrs.frozen
-class ClipByNorm:
-    """Clip each gradient tensor separately to an L2 norm of at most ``norm``."""
-
-    norm: float = attrs.field(validator=_positive_float)
-
-    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        return [tf.clip_by_norm(g, self.norm) for g in grads]
-
-    def describe(self) -> str:
-        return f"clip each tensor to norm {self.norm:g}"
-
-
-@attrs.frozen
-class ClipByValue:
-    """Clip every gradient element into ``[-value, value]``."""
-
-    value: float = attrs.field(validator=_positive_float)
-
-    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        return [tf.clip_by_value(g, -self.value, self.value) for g in grads]
-
-    def describe(self) -> str:
-        return f"clip values to ±{self.value:g}"
-
-
-GradientTransform = ClipByGlobalNorm | ClipByNorm | ClipByValue
 
 
 # --- post-update constraints ---------------------------------------------------------
@@ -133,8 +96,10 @@ class Beat:
     the models that run in training mode during the beat; ``None`` means the models the
     beat updates. ``repeat`` runs the beat several times per step on the same batch;
     ``every`` runs it only on steps whose number is a multiple of ``every``.
-    ``transform`` changes the gradients before the update; ``constraint`` maps the
-    updated variables after it. ``log`` chooses the figure logged under the beat's name:
+    ``transform`` changes the gradients before the update: any callable
+    ``fn(gradients, variables) -> gradients`` (lists aligned with the beat's variables;
+    true gradients under loss scaling), e.g. ``ClipByNorm(1.0)``; ``constraint`` maps
+    the updated variables after it. ``log`` chooses the figure logged under the beat's name:
     ``"mean"`` (its loss averaged over the epoch's steps and repeats, weighted by batch
     size, as Keras's loss tracker) or ``"last"`` (the last step's last repeat).
     """
@@ -145,12 +110,7 @@ class Beat:
     name: str = attrs.field(default=None)
     repeat: int = attrs.field(default=1, validator=_positive_int)
     every: int = attrs.field(default=1, validator=_positive_int)
-    transform: GradientTransform | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(
-            attrs.validators.instance_of((ClipByGlobalNorm, ClipByNorm, ClipByValue))
-        ),
-    )
+    transform: GradientTransform | None = attrs.field(default=None)
     training: tuple[str, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(_as_tuple)
     )
@@ -167,6 +127,8 @@ class Beat:
         _identifier(self, attrs.fields(Beat).name, self.name)
         if not self.updates:
             raise ValueError(f"beat {self.name!r} updates no variables: give `updates`")
+        example = "beatloop.ClipByNorm(1.0)"
+        check_gradient_fn(self.transform, "transform", f"beat {self.name!r}", example)
 
     def describe(self) -> str:
         """One line: name, loss, optimizer, what it updates and how often."""
@@ -176,13 +138,20 @@ class Beat:
         ]
         parts += _rhythm(self.repeat, self.every)
         if self.transform is not None:
-            parts.append(f"transform=({self.transform.describe()})")
+            parts.append(_transform_words(self.transform))
         parts += _modes(self.training)
         if self.constraint is not None:
             parts.append(f"constraint=({self.constraint.describe()})")
         if self.log != "mean":
             parts.append(f"log={self.log}")
         return " ".join(parts)
+
+
+def _transform_words(transform) -> str:
+    """``transform=(clip ...)`` for a built-in, ``transform=name`` for the user's own."""
+    if callable(getattr(transform, "describe", None)):
+        return f"transform=({transform.describe()})"
+    return f"transform={described(transform)}"
 
 
 def _rhythm(repeat: int, every: int) -> list[str]:
@@ -220,6 +189,12 @@ class Group:
     as ``(outputs, batch)``. ``training``, ``repeat`` and ``every`` work as on a
     ``Beat``, for the whole group: ``training=None`` runs the models any of its
     beats update in training mode; ``repeat`` runs forward, gradients and updates again.
+
+    ``combine``, a callable ``fn(gradients, variables) -> gradients`` (e.g. ``PCGrad()``),
+    turns the beats' gradients of the variables two or more of them update into one
+    gradient each: ``variables`` in the order of the first beat updating each,
+    ``gradients[i][j]`` beat ``i``'s gradient of variable ``j``. The beats must then share
+    one optimizer, which applies everything in one update.
     """
 
     forward: str = attrs.field(validator=_identifier)
@@ -230,16 +205,20 @@ class Group:
     training: tuple[str, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(_as_tuple)
     )
+    combine: GradientTransform | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
             object.__setattr__(self, "name", self.forward)
         _identifier(self, attrs.fields(Group).name, self.name)
+        check_gradient_fn(self.combine, "combine", f"group {self.name!r}", "beatloop.PCGrad()")
 
     def describe(self) -> str:
         """One line: the group, its forward, then each beat in brackets."""
         parts = [f"{self.name}: simultaneous forward={self.forward}"]
         parts += [*_rhythm(self.repeat, self.every), *_modes(self.training)]
+        if self.combine is not None:
+            parts.append(f"combine={described(self.combine)}")
         parts.extend(f"[{beat.describe()}]" for beat in self.beats)
         return " ".join(parts)
 

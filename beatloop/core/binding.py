@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 import keras
 import tensorflow as tf
 
+from beatloop.core.applying import combine_problems
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError, did_you_mean
@@ -106,6 +107,7 @@ def bind(
     problems += [p for g in schedule.groups for p in _group_problems(g, models, forwards)]
     resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.all_beats}
     problems += _ownership_problems(schedule, models, resolved, problems, supplied)
+    problems += [p for g in schedule.groups for p in combine_problems(g, resolved)]
     groups: list[BoundGroup] = []
     if not problems:
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
@@ -238,8 +240,11 @@ def _bind_groups(schedule, optimizers, losses, forwards, resolved, models) -> li
         everyone = (name for beat in entry.beats for name in updated(beat))
         mode = frozenset(everyone if entry.training is None else entry.training)
         beats = tuple(bound(beat, mode, entry) for beat in entry.beats)
+        forward_fn = forwards[entry.forward]
         groups.append(
-            BoundGroup(entry.name, beats, forwards[entry.forward], mode, entry.repeat, entry.every)
+            BoundGroup(
+                entry.name, beats, forward_fn, mode, entry.repeat, entry.every, entry.combine
+            )
         )
     return groups
 

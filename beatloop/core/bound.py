@@ -97,7 +97,8 @@ class BoundBeat:
 @attrs.frozen
 class BoundGroup:
     """One entry of a bound step: a lone beat (``forward_fn`` is ``None``: its loss calls
-    the models itself), or beats sharing one forward computation."""
+    the models itself), or beats sharing one forward computation (and, with ``combine``,
+    one update from their combined gradients)."""
 
     name: str
     beats: tuple[BoundBeat, ...]
@@ -105,10 +106,22 @@ class BoundGroup:
     training: frozenset[str]
     repeat: int = 1
     every: int = 1
+    combine: Callable | None = None
 
     @classmethod
     def alone(cls, beat: BoundBeat) -> BoundGroup:
         return cls(beat.name, (beat,), None, beat.training, beat.repeat, beat.every)
+
+    @property
+    def combined_variables(self) -> tuple[keras.Variable, ...]:
+        """The variables two or more of the group's beats update, in the order of the
+        first beat that updates each: what ``combine`` combines."""
+        counts: dict[int, int] = {}
+        for beat in self.beats:
+            for variable in {id(v): v for v in beat.variables}.values():
+                counts[id(variable)] = counts.get(id(variable), 0) + 1
+        ordered = {id(v): v for beat in self.beats for v in beat.variables}
+        return tuple(v for key, v in ordered.items() if counts[key] > 1)
 
     def losses(self, models, batch, *, training: bool = True, random=None, state=None):
         """``(losses, outputs)``: each beat's loss in order, and the outputs metrics may

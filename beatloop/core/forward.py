@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 import keras
 import tensorflow as tf
 
+from beatloop.core import collectives
 from beatloop.core.errors import BeatloopError, InputMismatchError, MismatchFound
 from beatloop.core.user_code import call_user
 
@@ -26,6 +27,9 @@ class ModelCalls(Mapping[str, Callable]):
     call (``models["discriminator"](x, training=True)``) overrides the beat's mode for
     that call. Float16/bfloat16 outputs of a mixed-precision model come back as float32.
     ``models.raw(name)`` gives the model itself (its variables, sub-models).
+    ``models.all_gather(x)`` is the global batch's ``x`` under a distribution strategy
+    (every replica's rows, in replica order), ``x`` itself on one device;
+    ``models.batch_offset`` is where this replica's rows start in it.
     ``models.state`` is the recipe's state (``Recipe.build_state``): variables by name.
     ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
     (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
@@ -80,6 +84,20 @@ class ModelCalls(Mapping[str, Callable]):
         """The recipe's state: the variables its ``build_state`` made, by name (none when
         it declares none), checkpointed with the models."""
         return self._state
+
+    @tf.autograph.experimental.do_not_convert
+    def all_gather(self, x):
+        """The global batch's ``x``: every replica's ``x`` (a tensor or a structure of
+        them) concatenated along axis 0 in replica order, so a loss can see the negatives
+        of the whole batch; ``x`` itself on one device. The gradient flows back to each
+        replica's own rows. Every replica must gather the same shape but for axis 0."""
+        return collectives.all_gather(x)
+
+    @property
+    def batch_offset(self) -> tf.Tensor:
+        """The row of the global batch where this replica's rows start (an int32 scalar,
+        0 on one device): ``models.all_gather(x)[offset : offset + n]`` is ``x``."""
+        return collectives.batch_offset(self._batch)
 
     @property
     def random(self) -> tf.random.Generator:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from beatloop.core.batches import batch_shapes
+from beatloop.core.collectives import collective_error
 from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError, UserCodeError
 from beatloop.core.user_code import assertion_summary, called_as, own_frame
 
@@ -59,7 +60,8 @@ def data_errors(
     class label out of range (``classes``: the recipe's label keys; with ``data``, that
     data set, its largest label read once, on the host, so the advice covers every
     label), an exception in the data pipeline, another op error in a step; a failed
-    assertion of the recipe's own code becomes a UserCodeError. Other errors pass
+    assertion of the recipe's own code becomes a UserCodeError and a failed
+    cross-replica collective op a CollectiveError. Other errors pass
     unchanged."""
     try:
         yield
@@ -69,6 +71,9 @@ def data_errors(
         failed = assertion_error(error, label)
         if failed is not None:
             raise failed from failed.original
+        collective = collective_error(error, role, label)
+        if collective is not None:
+            raise collective from error
         found = data_error(error, role, label, classes or {})
         if found is None:
             raise

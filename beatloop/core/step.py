@@ -4,16 +4,17 @@ A step is a plain callable of ``(batch, step number)`` that returns its checks (
 ``beatloop.core.numerics``) and the number of examples in the batch; it touches no
 counter. ``CompiledLoop`` runs K of them per compiled call.
 The pieces are small on purpose: an entry's gradients (one beat's, or a group's from
-one forward), their transform, their update.
+one forward) here, their transform or combination and their update in
+``beatloop.core.applying``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-import keras
 import tensorflow as tf
 
+from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError
@@ -41,6 +42,9 @@ class TrainStep:
     replica's loss enters the checks weighted by its share of the global batch, so their
     sum is the global batch's loss, and ``debug`` also stops before the update of a
     diverged loss (the guard's window itself is updated by the loop, after the step).
+    A replica's batch is its share of the global batch, of static shape ``(None, ...)``:
+    a loss reads its size with ``tf.shape``, and sees the global batch through
+    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy").
     """
 
     def __init__(
@@ -107,8 +111,11 @@ class TrainStep:
             if self.debug and self.divergence is not None and repeat == group.repeat - 1:
                 for beat in group.beats:  # the step's loss is whole: before its last update
                     self.divergence.check_eager(beat, tf.add_n(losses[beat.name]), step)
+            if group.combine is not None:
+                apply_combined(group, gradients)
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
-                apply_update(beat, grads)
+                if group.combine is None:
+                    apply_update(beat, grads)
                 self.metrics.update_loss(beat.name, loss, size)
         rows = [beat_checks(losses[b.name], squares[b.name]) for b in group.beats]
         return outputs, tf.stack(rows)
@@ -130,35 +137,6 @@ def check_gradients(beat: BoundBeat, grads) -> None:
         raise ScheduleError(
             [f"beat {beat.name!r}: loss gives no gradient to {path!r}" for path in missing]
         )
-
-
-def apply_update(beat: BoundBeat, grads) -> None:
-    """Transform the gradients, apply them with the beat's optimizer, then map the
-    updated variables through the beat's constraint."""
-    variables = list(beat.variables)
-    if beat.transform is not None:
-        grads = transformed(beat.transform, grads, loss_scale(beat.optimizer))
-    beat.optimizer.apply(grads, variables)
-    if beat.constraint is not None:
-        for variable in variables:
-            variable.assign(beat.constraint(variable))
-
-
-def loss_scale(optimizer) -> tf.Variable | None:
-    """The current loss scale of a loss-scaling optimizer, ``None`` for any other."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return optimizer.dynamic_scale
-    return None
-
-
-def transformed(transform: Callable, grads, scale) -> list:
-    """Apply a gradient transform (clipping) to true gradients: under loss scaling,
-    unscale first and scale back after (the scale is a power of two: both exact), so
-    the optimizer's own unscaling and overflow check still hold."""
-    if scale is None:
-        return transform(grads)
-    true = [g / tf.cast(scale, g.dtype) for g in grads]
-    return [g * tf.cast(scale, g.dtype) for g in transform(true)]
 
 
 class ValidationStep:

@@ -6,6 +6,11 @@ one optimizer updates the backbone and every head at once (the brief's "concaten
 gradient lists, apply once"). ``alternating``: one beat per task, each updating the
 backbone (declared shared) and its own head.
 
+With ``combine="pcgrad"`` the joint step takes each task's gradient separately: one
+beat per task in a ``Group`` whose forward runs the backbone (and every head) once, the
+backbone's task gradients combined by ``PCGrad`` (Yu et al. 2020) before one update;
+``combine="sum"`` is the plain joint beat (the sum of the task gradients).
+
 Three weightings. ``fixed``: the configured weights. ``uncertainty``: Kendall, Gal &
 Cipolla, "Multi-Task Learning Using Uncertainty to Weigh Losses" (CVPR 2018): each task
 has a learned log-variance ``s`` and contributes ``exp(-s) * L + s``; the ``s`` are
@@ -27,13 +32,14 @@ import tensorflow as tf
 
 from beatloop import data
 from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, Schedule
+from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.config import choice, setting
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 from beatloop.core.run import Run
+from beatloop.core.transforms import PCGrad
 from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
@@ -112,6 +118,12 @@ class MultitaskConfig:
         ("joint", "alternating"),
         "joint: one beat, the weighted sum of the task losses; alternating: one beat per task",
     )
+    combine: Literal["sum", "pcgrad"] = choice(
+        "sum",
+        ("sum", "pcgrad"),
+        "how the joint step combines the task gradients on the backbone: sum, or pcgrad "
+        "(PCGrad, Yu et al. 2020: one beat per task, conflicts projected away)",
+    )
     weighting: Literal["fixed", "uncertainty", "dwa"] = choice(
         "fixed",
         ("fixed", "uncertainty", "dwa"),
@@ -124,6 +136,12 @@ class MultitaskConfig:
     batch_size: int = setting(32, "batch size of the built-in data", _positive)
 
     def __attrs_post_init__(self) -> None:
+        if self.combine == "pcgrad" and self.schedule != "joint":
+            raise ValueError(
+                "combine='pcgrad' combines the task gradients of one joint update, but "
+                f"schedule={self.schedule!r} updates the tasks one after another: "
+                "use schedule='joint'"
+            )
         if self.weights and len(self.weights) != len(self.tasks):
             raise ValueError(
                 f"weights gives {len(self.weights)} value(s) for {len(self.tasks)} tasks"
@@ -204,7 +222,7 @@ class Multitask(Recipe):
 
     def schedule(self) -> Schedule:
         uncertain = self.config.weighting == "uncertainty"
-        if self.config.schedule == "joint":
+        if self.config.schedule == "joint" and self.config.combine == "sum":
             updates = ["backbone", *(f"head_{t.name}" for t in self.tasks)]
             if uncertain:
                 updates.append("uncertainty")
@@ -217,14 +235,32 @@ class Multitask(Recipe):
             beats.append(
                 Beat(loss=f"task_{task.name}", optimizer="optimizer", updates=tuple(updates))
             )
+        if self.config.combine == "pcgrad":
+            beats = [Group(forward="tasks", beats=beats, combine=PCGrad())]
         return Schedule(tuple(beats), shared="backbone")
 
     # --- losses ----------------------------------------------------------------------------
 
     def losses(self):
+        if self.config.combine == "pcgrad":
+            return {f"task_{t.name}": _weighted_output(t) for t in self.tasks}
         if self.config.schedule == "joint":
             return {"total": self.joint_loss}
         return {f"task_{t.name}": self._task_beat(t) for t in self.tasks}
+
+    def forwards(self):
+        return {"tasks": self.tasks_forward}
+
+    def tasks_forward(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        """The backbone once, every head on its features, and each task's weighted loss
+        (``weighted_NAME``): what the ``pcgrad`` group's task beats take."""
+        features = models["backbone"](batch["x"])
+        result = {}
+        for index, task in enumerate(self.tasks):
+            outputs = self._task_outputs(models, task, features, batch)
+            loss = self._weighted(models, index, task, outputs[f"{task.name}_loss"])
+            result.update({f"weighted_{task.name}": loss, **outputs})
+        return result
 
     def _weighted(self, models: ModelCalls, index: int, task: Task, loss: tf.Tensor) -> tf.Tensor:
         if self.config.weighting == "uncertainty":
@@ -299,6 +335,16 @@ class Multitask(Recipe):
         features = backbone(inputs)
         outputs = {t.name: models[f"head_{t.name}"](features) for t in self.tasks}
         return {"multitask": keras.Model(inputs, outputs, name="multitask")}
+
+
+def _weighted_output(task: Task):
+    """A ``pcgrad`` task beat's loss: its weighted loss, computed by the group's forward."""
+
+    def task_loss(outputs, batch) -> tf.Tensor:
+        return outputs[f"weighted_{task.name}"]
+
+    task_loss.__qualname__ = f"task_{task.name}"
+    return task_loss
 
 
 def dwa_weights(previous: list[float], before: list[float], temperature: float) -> list[float]:

@@ -1,0 +1,163 @@
+"""How an entry's gradients become updates: a beat's transform, its optimizer's
+``apply`` and its constraint; a combining group's one update from its beats' combined
+gradients; and the binding rules a combining group must meet.
+
+Transforms and combinations see true gradients: under loss scaling they are unscaled
+first and scaled back after (the scale is a power of two, so both are exact), and the
+loss-scaling optimizer's own unscaling and overflow check still hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+from beatloop.core.errors import ScheduleError
+from beatloop.core.transforms import BUILT_IN, SIGNATURE, described, shown
+from beatloop.core.user_code import call_user
+
+
+def loss_scale(optimizer) -> tf.Variable | None:
+    """The current loss scale of a loss-scaling optimizer, ``None`` for any other."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.dynamic_scale
+    return None
+
+
+def apply_update(beat, grads) -> None:
+    """Transform a beat's gradients, apply them with its optimizer, then map the updated
+    variables through its constraint."""
+    variables = list(beat.variables)
+    if beat.transform is not None:
+        grads = transformed(beat, grads, loss_scale(beat.optimizer))
+    beat.optimizer.apply(grads, variables)
+    constrain(beat)
+
+
+def constrain(beat) -> None:
+    """Map a beat's variables through its constraint, if it has one."""
+    if beat.constraint is not None:
+        for variable in beat.variables:
+            variable.assign(beat.constraint(variable))
+
+
+def transformed(beat, grads, scale) -> list:
+    """A beat's transform applied to its true gradients (see the module's docstring)."""
+    if scale is None:
+        return transform_of(beat, grads)
+    true = [g / tf.cast(scale, g.dtype) for g in grads]
+    return [g * tf.cast(scale, g.dtype) for g in transform_of(beat, true)]
+
+
+def transform_of(beat, grads) -> list:
+    """``beat.transform(grads, variables)``, its result checked: one gradient a variable."""
+    result = _called(beat.transform, "gradient transform", beat.name, grads, beat.variables)
+    where = f"beat {beat.name!r}: transform {shown(beat.transform)}"
+    return checked(result, len(beat.variables), where)
+
+
+def _called(fn: Callable, what: str, where: str, gradients, variables) -> list:
+    """A built-in as it is; the user's own through ``call_user`` (errors name it)."""
+    if isinstance(fn, BUILT_IN):
+        return fn(gradients, list(variables))
+    return call_user(fn, what, where, gradients, list(variables))
+
+
+def checked(result, count: int, where: str) -> list:
+    """``result`` as a list of ``count`` gradients, else a ScheduleError (at trace time)."""
+    if not isinstance(result, Sequence) or len(result) != count:
+        found = f"{len(result)} item(s)" if isinstance(result, Sequence) else repr(result)
+        raise ScheduleError(
+            [
+                f"{where} returned {found} for {count} variable(s); a {SIGNATURE} "
+                "returns one gradient per variable, in the variables' order"
+            ]
+        )
+    if any(g is None for g in result):
+        raise ScheduleError([f"{where} returned None for a gradient; return a tensor for each"])
+    return list(result)
+
+
+# --- a combining group -------------------------------------------------------------------
+
+
+def apply_combined(group, gradients: list[list]) -> None:
+    """A combining group's one update: each beat's (true) gradients through its transform,
+    the combined variables' gradients through ``group.combine``, then one
+    ``optimizer.apply`` over the union of the beats' variables (the combined ones with
+    the combined gradient), then each beat's constraint."""
+    optimizer = group.beats[0].optimizer
+    scale = loss_scale(optimizer)
+    if scale is not None:
+        gradients = [[g / tf.cast(scale, g.dtype) for g in grads] for grads in gradients]
+    gradients = [
+        grads if beat.transform is None else transform_of(beat, grads)
+        for beat, grads in zip(group.beats, gradients, strict=True)
+    ]
+    combined = combined_gradients(group, gradients)
+    union: dict[int, tuple] = {}
+    for beat, grads in zip(group.beats, gradients, strict=True):
+        for variable, grad in zip(beat.variables, grads, strict=True):
+            union.setdefault(id(variable), (variable, combined.get(id(variable), grad)))
+    variables = [variable for variable, _ in union.values()]
+    grads = [grad for _, grad in union.values()]
+    if scale is not None:
+        grads = [g * tf.cast(scale, g.dtype) for g in grads]
+    optimizer.apply(grads, variables)
+    for beat in group.beats:
+        constrain(beat)
+
+
+def combined_gradients(group, gradients: list[list]) -> dict[int, tf.Tensor]:
+    """``group.combine`` on the combined variables: ``{id(variable): gradient}``. A beat
+    that does not update one of them contributes zeros for it.
+
+    On several replicas the combination sees the global batch's gradients (each
+    replica's, weighted by its share, summed over replicas), as on one device; the
+    optimizer then sums what every replica hands it, so the first replica hands the
+    combined gradient and the others zeros: the sum is the combined gradient, exactly."""
+    shared = group.combined_variables
+    per_beat = []
+    for beat, grads in zip(group.beats, gradients, strict=True):
+        own = {id(v): g for v, g in zip(beat.variables, grads, strict=True)}
+        per_beat.append([own.get(id(v), tf.zeros_like(v)) for v in shared])
+    context = tf.distribute.get_replica_context()
+    replicated = context is not None and context.num_replicas_in_sync > 1
+    if replicated:
+        per_beat = context.all_reduce(tf.distribute.ReduceOp.SUM, per_beat)
+    where = f"group {group.name!r}: combine {shown(group.combine)}"
+    result = _called(group.combine, "gradient combination", group.name, per_beat, shared)
+    result = checked(result, len(shared), where)
+    if replicated:
+        first = tf.equal(context.replica_id_in_sync_group, 0)
+        result = [tf.where(first, g, tf.zeros_like(g)) for g in result]
+    return {id(v): g for v, g in zip(shared, result, strict=True)}
+
+
+def combine_problems(group, resolved: Mapping[str, list]) -> list[str]:
+    """A combining group's beats must share one optimizer (it applies the combined
+    update once) and two or more of them must update some variable (what it combines)."""
+    if group.combine is None:
+        return []
+    where = f"group {group.name!r} combines its beats' gradients"
+    where += f" (combine={described(group.combine)})"
+    problems = []
+    optimizers = dict.fromkeys(beat.optimizer for beat in group.beats)
+    if len(optimizers) > 1:
+        uses = ", ".join(f"beat {b.name!r} uses {b.optimizer!r}" for b in group.beats)
+        problems.append(
+            f"{where} and applies them in one update, so its beats must use one optimizer; "
+            f"{uses} (give them the same optimizer, or drop combine=)"
+        )
+    counts: dict[int, int] = {}
+    for beat in group.beats:
+        for key in {id(v) for v in resolved.get(beat.name, [])}:
+            counts[key] = counts.get(key, 0) + 1
+    if not any(count > 1 for count in counts.values()):
+        problems.append(
+            f"{where}, but no variable is updated by two or more of its beats: nothing to "
+            "combine (let several beats update the shared variables, declared shared)"
+        )
+    return problems
