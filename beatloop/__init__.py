@@ -37,6 +37,8 @@ _EXPORTS = {
     "Recipe": "beatloop.core.recipe",
     "Beat": "beatloop.core.beats",
     "Schedule": "beatloop.core.beats",
+    "Phase": "beatloop.core.phases",
+    "Phases": "beatloop.core.phases",
     "Group": "beatloop.core.beats",
     "ClipByGlobalNorm": "beatloop.core.beats",
     "ClipByNorm": "beatloop.core.beats",
@@ -145,6 +147,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.forward import ModelCalls
     from beatloop.core.keras_callbacks import KerasCallback, keras_callback
     from beatloop.core.options import EngineOptions
+    from beatloop.core.phases import Phase, Phases
     from beatloop.core.recipe import Recipe
     from beatloop.core.result import FitResult
     from beatloop.core.run import Run

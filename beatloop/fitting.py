@@ -31,6 +31,7 @@ from beatloop.core.engine import Engine
 from beatloop.core.errors import CheckpointError, ConfigError, DataError, RunInterrupted
 from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.pacing import AUTO
+from beatloop.core.phased import updates_by_beat
 from beatloop.core.recipe import Recipe, defines
 from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
@@ -434,18 +435,9 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> 
         chosen_steps_per_execution=engine.run.chosen_steps_per_execution,
         checkpoint_every=engine.options.checkpoint_every,
         resumed_from=engine.run.resumed_from,
-        updates=_written(engine.bound),
+        updates=updates_by_beat(engine.parts.phased or (engine.bound,)),
         **facts,
     )
-
-
-def _written(bound) -> dict[str, list[str]]:
-    """The variable paths each beat updates and each update writes, by name (run.json)."""
-    owners = [*bound.beats, *(u for u in bound.updates if u.writes)]
-    return {
-        owner.name: [v.path for v in getattr(owner, "variables", None) or owner.writes]
-        for owner in owners
-    }
 
 
 def _result(engine: Engine, history: History) -> FitResult:

@@ -18,6 +18,7 @@ def run(args) -> int:
     import attrs
 
     from beatloop.core.config import config_fields, parse_settings, type_name
+    from beatloop.core.phases import Phases
     from beatloop.fitting import make_recipe
     from beatloop.plugins.registry import get_recipe
 
@@ -32,7 +33,8 @@ def run(args) -> int:
         value = getattr(recipe.config, field.name)
         print(f"  {field.name}: {type_name(field.type)} = {value!r}  (default {default!r})")
     schedule = recipe.schedule()
-    print("\nschedule (one step):")
+    phased = isinstance(schedule, Phases)  # a schedule per span of epochs
+    print("\nschedule (one step of each phase):" if phased else "\nschedule (one step):")
     for line in schedule.describe().splitlines():
         print(f"  {line}")
     if cls.supplied_models:
@@ -83,9 +85,11 @@ def _show_variables(recipe, schedule, state=None) -> None:
     """The variables each beat updates (and each update writes) in the recipe's default
     models, or why they cannot be shown (no built-in data, no models built, a required
     model not built); ``state``: the recipe's, which the binding probe's losses read."""
-    from beatloop.core.binding import bind
+    from beatloop.core.phased import bind_schedule
+    from beatloop.core.phases import Phases, schedules_of
 
-    writers = " and each update writes" if schedule.updates else ""
+    updating = any(each.updates for each in schedules_of(schedule))
+    writers = " and each update writes" if updating else ""
     title = f"\nvariables each beat updates{writers} (default models):"
     lacking, models = _not_shown(recipe)
     if lacking:
@@ -95,13 +99,17 @@ def _show_variables(recipe, schedule, state=None) -> None:
         return
     supplied = frozenset(recipe.supplied_models)
     optimizers, losses = recipe.build_optimizers(), recipe.losses()
-    bound = bind(
+    bounds = bind_schedule(
         schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards(),
         state=state,
     )  # fmt: skip
     print(title)
-    for line in bound.describe_variables().splitlines():
-        print(f"  {line}")
+    phases = schedule.phases if isinstance(schedule, Phases) else ()
+    for index, bound in enumerate(bounds):
+        if phases:
+            print(f"  phase {phases[index].name} ({schedule.span(index)}):")
+        for line in bound.describe_variables().splitlines():
+            print(f"{'    ' if phases else '  '}{line}")
 
 
 def _not_shown(recipe) -> tuple[list[str], dict]:

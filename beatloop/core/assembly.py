@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.batches import DataSplit, batch_shapes, check_split
-from beatloop.core.binding import BoundSchedule, bind
+from beatloop.core.binding import BoundSchedule
 from beatloop.core.building import build_unbuilt
 from beatloop.core.callbacks import Callback
 from beatloop.core.counters import Counters
@@ -31,6 +31,7 @@ from beatloop.core.naming import RunNames, warn_history_named
 from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, failure_message
 from beatloop.core.options import EngineOptions
+from beatloop.core.phased import PhasedRun, bind_schedule, in_phase, phase_parts
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
@@ -64,6 +65,15 @@ class RunParts:
     #: The run's Keras name counters: its parts were built and traced in their scope,
     #: and so is any loop traced later (``beatloop.core.naming``).
     names: RunNames = attrs.field(factory=RunNames)
+    #: A recipe in phases: each phase's parts (the fields above hold the first's until
+    #: the engine enters another: ``beatloop.core.phased``); ``None`` without phases.
+    phased: PhasedRun | None = None
+
+    def guards(self) -> list[DivergenceGuard]:
+        """The divergence guards of every phase (checkpointed); none with the guard off."""
+        if self.phased is not None:
+            return self.phased.guards()
+        return [] if self.divergence is None else [self.divergence]
 
 
 def assemble(
@@ -86,7 +96,7 @@ def assemble(
     names = RunNames()
     with names.scope():
         parts = _assemble(recipe, data, options, models, optimizers, seed, label, strategy)
-    return attrs.evolve(parts, names=names)
+    return in_phase(attrs.evolve(parts, names=names), 0)  # in phases: the first's parts
 
 
 def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) -> RunParts:
@@ -104,41 +114,56 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         built_optimizers = _replaced(recipe.build_optimizers(), optimizers, "optimizer", label)
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
+        schedule = recipe.schedule()
         with data_errors("training", label):
-            bound = _bind(
-                recipe, built_models, built_optimizers, spec, random, label, strategy, state
+            bounds = _bind(
+                recipe,
+                schedule,
+                built_models,
+                built_optimizers,
+                spec,
+                random,
+                label,
+                strategy,
+                state,
             )
-        beat_names = [beat.name for beat in bound.beats]
-        last_logged = [beat.name for beat in bound.beats if beat.log == "last"]
+        beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
+        beat_names = list(dict.fromkeys(beat.name for beat in beats))
+        last_logged = [beat.name for beat in beats if beat.log == "last"]
         train_metrics = StepMetrics(
             beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
         )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
     # Like the counters, outside the replicas: updated on the checks summed over them.
-    divergence = (
-        None
-        if options.divergence is None
-        else DivergenceGuard(bound.beats, options.divergence, options.divergence_window)
-    )
+    guards = [_guard(bound, options) for bound in bounds]
     # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
-    train_loop, validation_loop = _loops(
-        recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy,
-        label, divergence, validation_random,
-    )  # fmt: skip
+    loops = [
+        _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options,
+               strategy, label, guard, validation_random)
+        for bound, guard in zip(bounds, guards, strict=True)
+    ]  # fmt: skip
+    phased = phase_parts(schedule, bounds, loops, guards, train_metrics, validation_metrics)
     return RunParts(
         recipe=recipe,
         label=label,
-        bound=bound,
+        bound=bounds[0],
         counters=counters,
         train_metrics=train_metrics,
         validation_metrics=validation_metrics,
-        train_loop=train_loop,
-        validation_loop=validation_loop,
-        callbacks=(*recipe_callbacks(recipe), *loss_watches(bound.beats, options.divergence)),
-        record=RunRecord.of(recipe, bound, spec, seed, options.precision),
-        divergence=divergence,
+        train_loop=loops[0][0],
+        validation_loop=loops[0][1],
+        callbacks=(*recipe_callbacks(recipe), *loss_watches(beats, options.divergence)),
+        record=RunRecord.of(recipe, bounds[0], spec, seed, options.precision, schedule),
+        divergence=guards[0],
         validation_random=validation_random,
+        phased=phased,
     )
+
+
+def _guard(bound: BoundSchedule, options: EngineOptions) -> DivergenceGuard | None:
+    if options.divergence is None:
+        return None
+    return DivergenceGuard(bound.beats, options.divergence, options.divergence_window)
 
 
 def _loops(
@@ -285,11 +310,12 @@ def _replaced(
 
 
 def _bind(
-    recipe, models, optimizers, spec, random, label: str, strategy=None, state=None
-) -> BoundSchedule:
+    recipe, schedule, models, optimizers, spec, random, label: str, strategy=None, state=None
+):
+    """The schedule bound (every phase's, for a recipe in phases), as a tuple."""
     try:
-        return bind(
-            recipe.schedule(),
+        return bind_schedule(
+            schedule,
             models,
             optimizers,
             recipe_functions(recipe, recipe.losses()),

@@ -21,7 +21,15 @@ from beatloop.core.errors import ScheduleError, did_you_mean
 from beatloop.core.randomness import global_random_ops, new_operations, warn_global_random
 from beatloop.core.update_binding import bind_updates, in_step_order, written_by
 
-__all__ = ["BoundBeat", "BoundGroup", "BoundSchedule", "bind", "select", "variable_owner"]
+__all__ = [
+    "BoundBeat",
+    "BoundGroup",
+    "BoundSchedule",
+    "bind",
+    "build_optimizers",
+    "select",
+    "variable_owner",
+]
 
 
 def variable_owner(models: Mapping[str, keras.Layer]) -> dict[int, str]:
@@ -73,6 +81,7 @@ def bind(
     forwards: Mapping[str, Callable] | None = None,
     supplied: frozenset[str] = frozenset(),
     state: Mapping[str, tf.Variable] | None = None,
+    build: bool = True,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
@@ -83,7 +92,9 @@ def bind(
     ``forwards`` are the forward functions the schedule's groups name.
     Variables of the ``supplied`` models (the recipe's ``supplied_models``) that no beat
     updates count as frozen without being declared so. ``state`` is the recipe's state
-    (``Recipe.build_state``), which losses reach as ``models.state``.
+    (``Recipe.build_state``), which losses reach as ``models.state``. ``build=False``
+    leaves the optimizers unbuilt (phases build each for its variables over all phases
+    first: ``build_optimizers``).
     """
     state = dict(state or {})
     if random is None:
@@ -103,7 +114,8 @@ def bind(
     groups: list[BoundGroup] = []
     if not problems:
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
-        problems += _build_optimizers([beat for group in groups for beat in group.beats])
+        if build:
+            problems += build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
         problems += _gradient_problems(groups, models, batch_spec, random, strategy, context, state)
     if problems:
@@ -266,7 +278,7 @@ def _bind_groups(schedule, optimizers, losses, forwards, resolved, models) -> li
     return groups
 
 
-def _build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
+def build_optimizers(bound_beats: list[BoundBeat]) -> list[str]:
     """Build each optimizer once, for the union of its beats' variables."""
     problems = []
     by_optimizer: dict[int, tuple[keras.optimizers.Optimizer, str, list]] = {}

@@ -20,6 +20,7 @@ from beatloop.core.beats import Beat, Group
 from beatloop.core.errors import BeatloopError, DataError, InputMismatchError, UserCodeError
 from beatloop.core.forward import forward, shared_forward
 from beatloop.core.op_errors import failure_message
+from beatloop.core.phases import schedules_of
 from beatloop.core.user_code import recipe_functions
 
 
@@ -70,12 +71,14 @@ def _created_outside(next_creator, **kwargs):
 
 
 def _calls(recipe) -> list[tuple]:
-    """``(function, grouped, entry name, function name)`` for each lone beat's loss and each group's
-    forward the recipe defines (binding names the ones it does not)."""
+    """``(function, grouped, entry name, function name)`` for each lone beat's loss and
+    each group's forward the recipe defines, in every phase (binding names the ones it
+    does not)."""
     losses = recipe_functions(recipe, recipe.losses())
     forwards = recipe_functions(recipe, recipe.forwards())
     calls = []
-    for entry in recipe.schedule().beats:
+    entries = [entry for schedule in schedules_of(recipe.schedule()) for entry in schedule.beats]
+    for entry in entries:
         if isinstance(entry, Group):
             function = forwards.get(entry.forward)
         elif isinstance(entry, Beat):

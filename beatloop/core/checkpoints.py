@@ -153,8 +153,10 @@ class RunCheckpoints:
             if key in self._parts and not any(name.startswith(f"{key}/") for name in shapes)
         }
         if DIVERGENCE in self._parts and DIVERGENCE not in left_out:
-            stored = [shapes.get(f"{DIVERGENCE}/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in (0, 1)]
-            ours = [list(v.shape) for v in self._parts[DIVERGENCE]]
+            ours = [list(v.shape) for v in self._parts[DIVERGENCE]]  # a pair per phase
+            stored = [
+                shapes.get(f"{DIVERGENCE}/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(len(ours))
+            ]
             if stored != ours:
                 left_out.add(DIVERGENCE)
                 warnings.warn(
@@ -339,7 +341,7 @@ def run_checkpoints(parts, run_dir: Path | None, options) -> RunCheckpoints | No
         random=parts.bound.random,
         metric_variables=parts.train_metrics.variables(),
         last_values=parts.train_metrics.last_variables(),
-        divergence=parts.divergence.variables() if parts.divergence is not None else (),
+        divergence=[v for guard in parts.guards() for v in guard.variables()],
         recipe_state=parts.bound.state,
         max_to_keep=options.max_to_keep,
     )

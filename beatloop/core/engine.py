@@ -1,10 +1,9 @@
 """The engine: epochs of compiled calls, and the events around them.
 
 Shaped like Orbit's ``Controller``: a short loop over parts handed to it. What a run is
-made of comes from ``assemble``; the data from a
-``DataStream``; checkpoints, rollback and Ctrl-C from
-``Recovery``. The engine runs epochs of compiled calls of up
-to K steps (``CompiledLoop``) and fires the events, eagerly,
+made of comes from ``assemble`` (a recipe in phases: the phase's, ``enter_phase``); the data
+from a ``DataStream``; checkpoints, rollback and Ctrl-C from ``Recovery``. The engine runs
+epochs of compiled calls of up to K steps (``CompiledLoop``) and fires the events, eagerly,
 between them.
 """
 
@@ -29,6 +28,7 @@ from beatloop.core.metrics import LazyLogs
 from beatloop.core.op_errors import data_errors
 from beatloop.core.options import EngineOptions
 from beatloop.core.pacing import AUTO, EVALUATION_STEPS, pace_for
+from beatloop.core.phased import check_epochs, enter_phase
 from beatloop.core.recipe import Recipe, label_settings
 from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
@@ -139,6 +139,7 @@ class Engine:
             self.run.resumed_from = self.recovery.resume()
             if self.run.resumed_from is not None:
                 self.stream.reposition()
+                enter_phase(self, int(self.parts.counters.epoch))
         return self.run.resumed_from
 
     def fit(self, epochs: int) -> dict[str, float]:
@@ -146,6 +147,7 @@ class Engine:
         return the last epoch's logs."""
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
+        check_epochs(self.parts, epochs)  # a recipe in phases of fixed length
         run = self.run
         run.epochs = epochs
         self.resume()
@@ -170,6 +172,7 @@ class Engine:
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch: its training calls, validation, then the epoch's end."""
+        enter_phase(self, epoch)
         run, counters = self.run, self.parts.counters
         if int(counters.epoch_batches) == 0:  # a fresh epoch, not one resumed mid-way
             self.parts.train_metrics.reset()

@@ -105,7 +105,9 @@ class Evaluation:
             and validation.element_spec == spec
         ):
             return self.parts.validation_loop
-        key = (limit, tuple((name, str(s)) for name, s in sorted(spec.items())))
+        # The bound schedule too: a recipe in phases evaluates its current phase's.
+        specs = tuple((name, str(s)) for name, s in sorted(spec.items()))
+        key = (limit, specs, id(self.parts.bound))
         if key not in self._loops:
             parts = self.parts
             with parts.names.scope():  # named as if traced with the run's other loops

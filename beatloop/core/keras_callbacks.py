@@ -3,7 +3,8 @@
 A ``keras.callbacks.Callback`` in ``callbacks=`` is wrapped in a ``KerasCallback``:
 a beatloop callback that calls the Keras one's methods at the events ``fit`` would call
 them at. The Keras callback sees one model and one optimizer: by default the recipe's
-primary model (``primary_model``) and the optimizer of the beat that updates it;
+primary model (``primary_model``) and the optimizer of the beat that updates it (for a
+recipe in phases, in the current phase: looked up again when a phase starts);
 ``keras_callback`` names others.
 
 As ``self.model`` the Keras callback gets a ``ModelView``, never the model itself:
@@ -136,6 +137,8 @@ class KerasCallback(Callback):
             callback, "on_train_batch_begin", "on_batch_begin"
         )
         self._bound: tuple[str, str | None] | None = None
+        self._view: ModelView | None = None
+        self._phase: BoundSchedule | None = None  # the bound schedule the view shows
         self._begin = 0
 
     @property
@@ -162,11 +165,20 @@ class KerasCallback(Callback):
         self._bound = (model, optimizer)
         return self._bound
 
-    def on_fit_start(self, run: Run) -> None:
+    def _optimizer_now(self, run: Run):
+        """The optimizer the Keras callback sees: the one named, else that of the beats
+        updating its model in the run's schedule now (in phases: the current phase's)."""
         model, optimizer = self._bound or self.bind(run.recipe, run.bound)
-        chosen = None if optimizer is None else run.optimizers[optimizer]
-        view = ModelView(run.models[model], model, chosen, run, self.reported_as)
-        self.callback.set_model(view)
+        if self.optimizer is None:
+            optimizer = _optimizer_of(run.bound, model, self.reported_as)
+        self._phase = run.bound
+        return None if optimizer is None else run.optimizers[optimizer]
+
+    def on_fit_start(self, run: Run) -> None:
+        chosen = self._optimizer_now(run)
+        model = self._bound[0]
+        self._view = ModelView(run.models[model], model, chosen, run, self.reported_as)
+        self.callback.set_model(self._view)
         self.callback.set_params({"verbose": 0, "epochs": run.epochs, "steps": run.steps_per_epoch})
         self.callback.on_train_begin({})
 
@@ -174,6 +186,8 @@ class KerasCallback(Callback):
         self.callback.on_train_end(_floats(logs))
 
     def on_epoch_start(self, run: Run, epoch: int) -> None:
+        if self._view is not None and run.bound is not self._phase:  # another phase
+            object.__setattr__(self._view, "_optimizer", self._optimizer_now(run))
         self.callback.on_epoch_begin(epoch, {})
 
     def on_epoch_end(self, run: Run, epoch: int, logs: dict[str, float]) -> None:

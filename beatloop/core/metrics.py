@@ -8,6 +8,7 @@ a callback looks (``LazyLogs``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 
 import keras
@@ -69,6 +70,20 @@ class StepMetrics:
         pairs = (*logged.items(), *self.metrics.items())
         self._named = {prefix + name: metric for name, metric in pairs}
         self._with_last = self._named | {LAST + name: m for name, m in self.last.items()}
+
+    def only(self, beat_names: Iterable[str]) -> StepMetrics:
+        """The same metrics, logging only ``beat_names``' figures and the recipe's (what
+        one phase of a run logs: its own beats')."""
+        keep = {self.prefix + name for name in beat_names} | {
+            self.prefix + name for name in self.metrics
+        }
+        kept = {LAST + name for name in beat_names}
+        view = copy.copy(self)
+        view._named = {name: m for name, m in self._named.items() if name in keep}
+        view._with_last = view._named | {
+            name: m for name, m in self._with_last.items() if name in kept
+        }
+        return view
 
     def update_loss(self, beat_name: str, loss, size) -> None:
         """Take one beat's loss on a batch of ``size`` rows (in compiled code).

@@ -22,6 +22,7 @@ from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback, Order
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
+from beatloop.core.phases import Phases
 from beatloop.core.run import Run
 from beatloop.core.supplied import SuppliedModel, model_names, no_models_message
 
@@ -46,7 +47,8 @@ class Recipe(abc.ABC):
       scalar, or a dict with the scalar under ``"loss"`` and any outputs metrics need
       (a beat in a ``Group`` takes ``(outputs, batch)``:
       the outputs of its group's forward, from ``forwards()``);
-    - ``schedule()``: the ``Schedule`` of one step.
+    - ``schedule()``: the ``Schedule`` of one step (or ``Phases``: a schedule per span
+      of epochs).
 
     Optional: ``default_data(seed)`` (a ``DataSplit`` built from data that ships
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
@@ -132,8 +134,8 @@ class Recipe(abc.ABC):
         """Loss functions by the names the schedule's beats use."""
 
     @abc.abstractmethod
-    def schedule(self) -> Schedule:
-        """The beats of one training step."""
+    def schedule(self) -> Schedule | Phases:
+        """The beats of one training step (``Phases``: each span of epochs' own)."""
 
     def forwards(self) -> dict[str, ForwardFn]:
         """Forward functions by the names the schedule's groups use: each takes

@@ -38,7 +38,8 @@ class RunRecord:
     """What a checkpoint must agree with to be resumed from.
 
     ``config`` holds the recipe's config as JSON values; ``schedule`` the lines of
-    ``Schedule.describe()``; ``variables`` each model's variable shapes in order (shapes,
+    ``Schedule.describe()`` (of ``Phases.describe()`` for a recipe in phases);
+    ``variables`` each model's variable shapes in order (shapes,
     not paths: Keras numbers layer names per process); ``data`` each training batch key's
     ``TensorSpec`` as text; ``state`` the recipe state's shapes and dtypes.
     """
@@ -58,13 +59,17 @@ class RunRecord:
     defaults: dict = attrs.field(factory=dict, converter=_json, eq=False)
 
     @classmethod
-    def of(cls, recipe, bound, batch_spec: Mapping, seed: int, precision: str) -> RunRecord:
-        """The record of a run of ``recipe`` bound as ``bound`` on batches of ``batch_spec``."""
+    def of(
+        cls, recipe, bound, batch_spec: Mapping, seed: int, precision: str, schedule=None
+    ) -> RunRecord:
+        """The record of a run of ``recipe`` bound as ``bound`` on batches of ``batch_spec``;
+        ``schedule``: what the recipe's ``schedule()`` gave, when it holds more than the
+        bound schedule (``Phases``: every phase's lines are the record's)."""
         return cls(
             recipe=recipe.name,
             config=attrs.asdict(recipe.config),
             seed=seed,
-            schedule=bound.schedule.describe(),
+            schedule=(bound.schedule if schedule is None else schedule).describe(),
             variables={
                 name: [list(v.shape) for v in model.variables]
                 for name, model in bound.models.items()

@@ -49,6 +49,8 @@ class FitResult:
 
     @property
     def schedule(self):
+        """The schedule the run ended with (for a recipe in phases: its last phase's;
+        ``result.recipe.schedule()`` gives every phase)."""
         return self.bound.schedule
 
     def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:

@@ -18,6 +18,7 @@ import keras
 
 from beatloop.core.beats import Schedule
 from beatloop.core.errors import ConfigError
+from beatloop.core.phases import Phases, schedules_of
 
 
 def _text(instance, attribute, value) -> None:
@@ -46,15 +47,24 @@ class SuppliedModel:
         return "required" if self.fallback is None else f"if none is given: {self.fallback}"
 
 
-def model_names(schedule: Schedule, supplied: Mapping[str, SuppliedModel]) -> tuple[str, ...]:
+def model_names(
+    schedule: Schedule | Phases, supplied: Mapping[str, SuppliedModel]
+) -> tuple[str, ...]:
     """The model names a recipe uses: its schedule's selectors (``updates``, ``frozen``,
     ``shared``, what its updates write and read), its beats' and groups' ``training`` and
     its supplied models, in that order."""
-    selectors = [s for beat in schedule.all_beats for s in beat.updates]
-    selectors += [*schedule.frozen, *schedule.shared]
-    selectors += [s for u in schedule.updates for s in (getattr(u, "source", None), *u.writes) if s]
+    schedules = schedules_of(schedule)  # a recipe in phases: every phase's
+    selectors = [s for each in schedules for beat in each.all_beats for s in beat.updates]
+    selectors += [s for each in schedules for s in (*each.frozen, *each.shared)]
+    selectors += [
+        s
+        for each in schedules
+        for u in each.updates
+        for s in (getattr(u, "source", None), *u.writes)
+        if s
+    ]
     names = [s.partition(":")[0] for s in selectors]
-    modes = [*schedule.all_beats, *schedule.groups]
+    modes = [entry for each in schedules for entry in (*each.all_beats, *each.groups)]
     names += [name for entry in modes for name in entry.training or ()]
     return tuple(dict.fromkeys([*names, *supplied]))
 

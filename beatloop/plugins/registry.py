@@ -25,6 +25,7 @@ from beatloop.core.errors import (
     RegistrationError,
     did_you_mean,
 )
+from beatloop.core.phases import Phases, schedules_of
 from beatloop.core.recipe import Recipe
 from beatloop.plugins import builtin, hookspecs
 from beatloop.source_base import DataSource
@@ -119,8 +120,11 @@ def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
         except Exception as error:
             problems.append(f"{method}() fails on the default config: {_described(error)}")
     schedule = parts.get("schedule")
-    if "schedule" in parts and not isinstance(schedule, Schedule):
-        problems.append(f"schedule() must return a beatloop.Schedule, got {_type(schedule)}")
+    if "schedule" in parts and not isinstance(schedule, Schedule | Phases):
+        problems.append(
+            f"schedule() must return a beatloop.Schedule (or beatloop.Phases), "
+            f"got {_type(schedule)}"
+        )
         schedule = None
     for method, kind in (
         ("losses", "loss"),
@@ -131,7 +135,8 @@ def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
         if method in parts and not isinstance(defined, Mapping):
             problems.append(f"{method}() must return a dict of {kind}s, got {_type(defined)}")
         elif schedule is not None and defined is not None:
-            problems += _unknown_names(schedule, defined, method, kind)
+            for each in schedules_of(schedule):
+                problems += _unknown_names(each, defined, method, kind)
     return problems
 
 
