@@ -50,11 +50,10 @@ class CallResult:
 
 class FlatCall:
     """A concrete function called on its flattened inputs: ``concrete(*args)`` without
-    the binding of ``args`` to its signature that TensorFlow redoes at every call (a
-    third of a short call's host time); the same graph runs on the same tensors.
-    ``tf.nest`` flattens the iterator to its resource handle. Only for arguments of the
-    specs it was traced for: a mismatch is not reported as clearly as the binding
-    would."""
+    binding ``args`` to its signature, host work TensorFlow otherwise redoes at every
+    call; the same graph runs on the same tensors. ``tf.nest`` flattens the iterator to
+    its resource handle. Only for arguments of the specs it was traced for (the loop's
+    own data): a mismatch would not be reported as clearly as the binding reports it."""
 
     def __init__(self, concrete):
         self.concrete = concrete
