@@ -114,6 +114,19 @@ def test_the_loop_stops_at_the_first_faulted_step_and_says_which_checks():
     assert int(counters.step) == 6
 
 
+@pytest.mark.parametrize(("fetch_ahead", "next_batch"), [(True, 7), (False, 6)])
+def test_a_faulted_step_leaves_the_next_batch_pulled_only_when_fetching_ahead(
+    fetch_ahead, next_batch
+):
+    # Fetching ahead, the batch after the faulted sixth (batch 6) was asked for while the
+    # step ran; a run that goes on after a fault (rollback) fetches after the check.
+    step, _ = counting_step(fault_at=5)
+    loop = CompiledLoop(step, 8, batches(1).element_spec, checks=1, fetch_ahead=fetch_ahead)
+    iterator = iter(batches(10))
+    assert loop(iterator).ran == 6
+    assert int(next(iterator)["x"][0, 0]) == next_batch * 2 * 3
+
+
 def test_a_call_status_is_one_integer_for_the_count_and_the_fault():
     @tf.function
     def status(ran, ok):

@@ -186,6 +186,7 @@ def _loops(
             checks=len(bound.beats),
             divergence=divergence,
             counters=counters,
+            fetch_ahead=options.on_nan != "rollback",  # a rollback goes on at the next batch
             **common,
         )
     if data.validation is None:

@@ -174,10 +174,11 @@ class Engine:
         """One epoch: its training calls, validation, then the epoch's end."""
         enter_phase(self, epoch)
         run, counters = self.run, self.parts.counters
-        if int(counters.epoch_batches) == 0:  # a fresh epoch, not one resumed mid-way
+        done = int(counters.epoch_batches)  # read once: callbacks do not move the data
+        if done == 0:  # a fresh epoch, not one resumed mid-way
             self.parts.train_metrics.reset()
         self.callbacks.fire("epoch_start", run, epoch)
-        if self._train_epoch() == 0:
+        if self._train_epoch(done) == 0:
             raise DataError(f"the training data set gave no batches in epoch {epoch}")
         logs = self.parts.train_metrics.results()
         if self.stream.has_validation:
@@ -190,11 +191,12 @@ class Engine:
         self.recovery.stop_if_interrupted()
         return logs
 
-    def _train_epoch(self) -> int:
-        """The epoch's compiled calls, until its steps are done or the data ends; returns
-        the batches the epoch took (those a rollback skipped included)."""
+    def _train_epoch(self, done: int) -> int:
+        """The epoch's compiled calls from its ``done``-th batch, until its steps are done
+        or the data ends; returns the batches the epoch took (those a rollback skipped
+        included)."""
         run, counters = self.run, self.parts.counters
-        target, done = run.steps_per_epoch, int(counters.epoch_batches)
+        target = run.steps_per_epoch
         while target is None or done < target:
             self.recovery.stop_if_interrupted()
             limit = self.pace.steps

@@ -48,6 +48,28 @@ class CallResult:
         return cls(ran, bool(faulted), checks.numpy() if faulted else None)
 
 
+class FlatCall:
+    """A concrete function called on its flattened inputs: ``concrete(*args)`` without
+    binding ``args`` to its signature, host work TensorFlow otherwise redoes at every
+    call; the same graph runs on the same tensors. ``tf.nest`` flattens the iterator to
+    its resource handle. Only for arguments of the specs it was traced for (the loop's
+    own data): a mismatch would not be reported as clearly as the binding reports it."""
+
+    def __init__(self, concrete):
+        self.concrete = concrete
+        self._call_flat = getattr(concrete, "_call_flat", None)
+
+    @property
+    def graph(self) -> tf.Graph:
+        return self.concrete.graph
+
+    def __call__(self, *args):
+        if self._call_flat is None:  # a TensorFlow without it: the plain call
+            return self.concrete(*args)
+        flat = tf.nest.flatten(args, expand_composites=True)
+        return self._call_flat(flat, self.concrete.captured_inputs)
+
+
 class CompiledLoop:
     """Runs up to ``steps_per_execution`` steps per call on a data set iterator.
 
@@ -65,6 +87,11 @@ class CompiledLoop:
     updated, outside the XLA-compiled step) and a diverged loss stops the loop too;
     without one no op of it is traced. With ``counters`` it numbers the steps from the
     run's step count and advances the counters once per call.
+    With ``fetch_ahead`` (the default) a step's next batch is asked for before the step
+    runs, so the iterator works while the step computes; a step that faults then leaves
+    that batch pulled and unused (the call's ``ran`` and the counters do not count it),
+    which only a run that goes on after a fault (rolling back) must not do: it passes
+    ``fetch_ahead=False``, asking for the next batch once the step turned out good.
     ``compiled=False`` runs the same code eagerly (debugging); ``jit_compile=True``
     compiles the step with XLA; ``distributed=True`` takes iterators of a distributed
     data set.
@@ -79,6 +106,7 @@ class CompiledLoop:
         checks: int = 0,
         divergence: DivergenceGuard | None = None,
         counters: Counters | None = None,
+        fetch_ahead: bool = True,
         compiled: bool = True,
         jit_compile: bool = False,
         distributed: bool = False,
@@ -93,6 +121,7 @@ class CompiledLoop:
         self.divergence = divergence
         self.columns = COLUMNS if divergence is None else divergence.columns
         self.counters = counters
+        self.fetch_ahead = fetch_ahead
         self.trace_count = 0
         self._limits: dict[int, tf.Tensor] = {}
         self._traced: dict[str, Callable] = {}
@@ -106,8 +135,9 @@ class CompiledLoop:
         """The K-step and the one-step functions with their input specs (no one-step
         function: the K-step one serves both), each traced on its first use.
 
-        Traced for the data set's spec and called as concrete functions, which skips
-        tf.function's per-call argument matching and cannot retrace; a distributed
+        Traced for the data set's spec and called as concrete functions on their
+        flattened inputs (``FlatCall``), which skips tf.function's per-call argument
+        matching and the concrete function's binding of them, and cannot retrace; a distributed
         iterator's spec is known only once it exists, so that case is traced by
         tf.function on the first call. A loop of K=1 needs no while loop: a
         conditional on the next batch is cheaper. AutoGraph is off: the control flow
@@ -132,7 +162,7 @@ class CompiledLoop:
                 return None
             function, specs = self._functions[name]
             if specs is not None:
-                function = function.get_concrete_function(*specs)
+                function = FlatCall(function.get_concrete_function(*specs))
             self._traced[name] = function
         return self._traced[name]
 
@@ -182,15 +212,16 @@ class CompiledLoop:
         def more(count, examples, next_batch, ok, checks):
             return tf.logical_and(tf.logical_and(count < limit, next_batch.has_value()), ok)
 
+        def fetch(another, current):
+            return tf.cond(another, iterator.get_next_as_optional, lambda: current)
+
         def body(count, examples, next_batch, ok, checks):
             number = first + tf.cast(count, tf.int64)
+            if self.fetch_ahead:  # the next batch is read while the step computes
+                following = fetch(count + 1 < limit, next_batch)
             checks, size, ok = self.checked_step(next_batch.get_value(), number)
-            # Fetch only if another step follows, so no batch is pulled and dropped.
-            following = tf.cond(
-                tf.logical_and(count + 1 < limit, ok),
-                iterator.get_next_as_optional,
-                lambda: next_batch,
-            )
+            if not self.fetch_ahead:  # only once the step is good: no batch pulled and lost
+                following = fetch(tf.logical_and(count + 1 < limit, ok), next_batch)
             return count + 1, examples + size, following, ok, checks
 
         start = (
