@@ -23,15 +23,18 @@ SMALL = {"hidden": 32, "features": 8, "projection": 8, "batch_size": 32}
 NOISE, TEMPERATURE, DECAY, RATE, PROBE_RATE = 0.1, 0.5, 0.99, 1e-3, 1e-2
 
 
-def digits_data(count: int, batch_size: int) -> tuple[tf.data.Dataset, tf.data.Dataset]:
-    """The first ``count`` training digits and 64 validation digits, unshuffled."""
+def digits_data(
+    count: int, batch_size: int, validation_count: int = 64
+) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """The first ``count`` training digits and ``validation_count`` validation digits,
+    in unshuffled batches."""
     train, validation = digits_arrays(seed=0)
 
     def batches(arrays, rows):
         rows_of = {key: value[:rows] for key, value in arrays.items()}
         return tf.data.Dataset.from_tensor_slices(rows_of).batch(batch_size)
 
-    return batches(train, count), batches(validation, 64)
+    return batches(train, count), batches(validation, validation_count)
 
 
 def stack(inputs: int, hidden: int, out: int) -> keras.Sequential:
