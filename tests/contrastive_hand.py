@@ -20,7 +20,7 @@ from beatloop.data import digits_arrays
 
 #: The small sizes the tests and the benchmark train at.
 SMALL = {"hidden": 32, "features": 8, "projection": 8, "batch_size": 32}
-NOISE, TEMPERATURE, DECAY, RATE, PROBE_RATE = 0.1, 0.5, 0.99, 1e-3, 1e-2
+NOISE, TEMPERATURE, DECAY, RATE, PROBE_RATE = 0.1, 0.5, 0.99, 1e-3, 5e-2
 
 
 def digits_data(

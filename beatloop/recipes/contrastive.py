@@ -64,7 +64,7 @@ class ContrastiveConfig:
     projection: int = setting(32, "the projection head's output", _positive)
     classes: int = setting(10, "classes the probes predict; labels in [0, classes)", _positive)
     learning_rate: float = setting(1e-3, "Adam's learning rate for the pretraining", _positive)
-    probe_learning_rate: float = setting(1e-2, "Adam's learning rate for each probe", _positive)
+    probe_learning_rate: float = setting(5e-2, "Adam's learning rate for each probe", _positive)
     pretrain_epochs: int = setting(
         20, "epochs of pretraining before the linear probe (0: probe a random encoder)",
         attrs.validators.ge(0),
