@@ -169,3 +169,17 @@ def test_under_a_mirrored_strategy_it_trains_as_one_device(mirrored, target):
     assert report["largest_difference"] < 1e-5, report
     for name, values in report["one"].items():
         np.testing.assert_allclose(report["two"][name], values, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_colour_images_train_with_flips_and_the_encoder_is_exported(tmp_path):
+    """Images of shape (8, 8, 3), as ``--data folder:`` gives them, with ``flip=true``."""
+    rng = np.random.default_rng(0)
+    rows = {"x": rng.uniform(size=(24, 8, 8, 3)).astype("float32"), "y": rng.integers(0, 3, 24)}
+    data = tf.data.Dataset.from_tensor_slices(rows).batch(8)
+    config = {**SMALL, "flip": True, "classes": 3, "pretrain_epochs": 1}
+    result = beatloop.fit("contrastive", config=config, data=data, epochs=2, seed=0,
+                          progress=False)  # fmt: skip
+    assert result.steps == 6 and np.isfinite(result.history["nt_xent"][0])
+    assert result.models["encoder"].input_shape == (None, 8, 8, 3)
+    exported = result.export(tmp_path / "export")
+    assert list(exported) == ["encoder"] and exported["encoder"].is_dir()

@@ -4,9 +4,9 @@ in its own process (logical devices must be set before TensorFlow runs anything)
 ``python contrastive_mirrored.py OUT``: for each target (``none``: SimCLR, ``ema``:
 BYOL), one epoch of pretraining and one of the linear probe from the same initial
 weights, data (global batches of 9: replica shares of 5 and 4, then a last batch of 4
-split 2 + 2; 36 validation digits, 4 batches of 9) and seed, once per device setup. Writes JSON to OUT: per target the
-largest weight difference between the two, how far training moved the weights, both
-histories and the step counts.
+split 2 + 2; 36 validation digits, 4 batches of 9) and seed, once per device setup.
+Writes JSON to OUT: per target the largest weight difference between the two, how far
+training moved the weights, both histories and the step counts.
 """
 
 from __future__ import annotations
