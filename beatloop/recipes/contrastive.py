@@ -77,10 +77,14 @@ class ContrastiveConfig:
 
 def dense_stack(inputs: tuple, hidden: int, out: int, name: str) -> keras.Sequential:
     """Flatten, Dense(hidden, relu), Dense(out): the encoder, projector and predictor."""
-    layers = [keras.Input(inputs), keras.layers.Flatten()] if len(inputs) > 1 else []
-    layers = layers or [keras.Input(inputs)]
+    flat = [keras.layers.Flatten()] if len(inputs) > 1 else []
     dense = [keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(out)]
-    return keras.Sequential([*layers, *dense], name=name)
+    return keras.Sequential([keras.Input(inputs), *flat, *dense], name=name)
+
+
+def linear(inputs: int, classes: int, name: str) -> keras.Sequential:
+    """A probe: one Dense layer from the features to the class logits."""
+    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(classes)], name=name)
 
 
 def nt_xent(first: tf.Tensor, second: tf.Tensor, models: ModelCalls, temperature: float):
@@ -151,14 +155,11 @@ class Contrastive(Recipe):
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
         c = self.config
         shape = tuple(batch_spec["x"].shape[1:])
-        probe = lambda name: keras.Sequential(  # noqa: E731
-            [keras.Input((c.features,)), keras.layers.Dense(c.classes)], name=name
-        )
         models = {
             "encoder": dense_stack(shape, c.hidden, c.features, "encoder"),
             "projector": dense_stack((c.features,), c.hidden, c.projection, "projector"),
-            "probe": probe("probe"),
-            "linear_probe": probe("linear_probe"),
+            "probe": linear(c.features, c.classes, "probe"),
+            "linear_probe": linear(c.features, c.classes, "linear_probe"),
         }
         if self.byol:
             models["predictor"] = dense_stack((c.projection,), c.hidden, c.projection, "predictor")
@@ -194,7 +195,7 @@ class Contrastive(Recipe):
         entries: list = [Group(forward="views", beats=beats)]
         if self.byol:
             decay = self.config.ema_decay
-            entries += [EMA(source, f"target_{source}", decay) for source in online[:2]]
+            entries += [EMA(name, f"target_{name}", decay) for name in ("encoder", "projector")]
         pretrain = Schedule(tuple(entries), frozen="linear_probe")
         return Phases(
             Phase("pretrain", pretrain, epochs=self.config.pretrain_epochs),
