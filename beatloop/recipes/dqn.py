@@ -46,7 +46,7 @@ class DqnConfig:
     env_settings: tuple[str, ...] = setting(
         (), "the environment's parameters as NAME=VALUE items (e.g. length=12,horizon=40)"
     )
-    steps_per_epoch: int = setting(500, "agent steps (each with one update) in an epoch", _positive)
+    steps_per_epoch: int = setting(1000, "agent steps, each with one update, an epoch", _positive)
     hidden: int = setting(64, "width of the Q network's two hidden Dense layers (relu)", _positive)
     learning_rate: float = setting(1e-3, "Adam's learning rate", _positive)
     gamma: float = setting(0.9, "the discount of future rewards", _fraction)
@@ -106,11 +106,12 @@ class Dqn(Recipe):
         return DataSplit(ticks, validation=ticks.take(self.config.validation_batches))
 
     def build_models(self, batch_spec) -> dict[str, keras.Model]:
-        q, target = self.q_network(), self.q_network()
+        q, target = self.q_network("q"), self.q_network("target")
         target.set_weights(q.get_weights())  # the target starts as a copy
         return {"q": q, "target": target}
 
-    def q_network(self) -> keras.Model:
+    def q_network(self, name: str = "q") -> keras.Model:
+        """Observation -> one Q value per action: two relu layers of ``hidden``."""
         env, hidden = self.environment, self.config.hidden
         return keras.Sequential(
             [
@@ -118,7 +119,8 @@ class Dqn(Recipe):
                 keras.layers.Dense(hidden, activation="relu"),
                 keras.layers.Dense(hidden, activation="relu"),
                 keras.layers.Dense(env.action_count),
-            ]
+            ],
+            name=name,
         )
 
     def build_state(self) -> dict[str, tf.Variable]:
