@@ -95,6 +95,18 @@ def test_the_plugins_recipe_resumes_bit_identical(throwaway, tmp_path):
     assert not same_weights(load_npz(tmp_path / "first.npz"), load_npz(tmp_path / "resumed.npz"))
 
 
+def test_the_plugins_environment_trains_the_built_in_dqn(throwaway, tmp_path):
+    out = run_python(WORKER, "grid", tmp_path, python=throwaway)
+    record = json.loads(out.splitlines()[-1])
+    assert record["origin"] == "beatloop-example-plugin"
+    # The grid walk from corner to corner: the greedy policy finds the way in 2,000 steps.
+    assert record["history"]["greedy_return"][-1] == record["optimal_return"] == 1.0
+    import beatloop
+
+    with pytest.raises(beatloop.ConfigError, match="no environment 'grid'"):
+        beatloop.make_recipe("dqn", {"env": "grid"})  # the live environment lacks it
+
+
 def test_uninstalling_removes_it(throwaway):
     pip(throwaway, "uninstall", "-y", "beatloop-example-plugin")
     out = beatloop_list(throwaway)
