@@ -4,7 +4,7 @@ with its parameters given as ``NAME=VALUE`` text (the ``dqn`` recipe's ``env`` a
 
 The registry is not imported here: the built-in plugin registers the ``dqn`` recipe,
 whose module imports this one, so an import of the registry would close a circle.
-Instead the process-wide registry, when it is built, hands this module its lookup
+Instead the process-wide registry, once it is asked for, hands this module its lookup
 (``use_lookup``); until then the built-in environments are what a name can find.
 """
 
@@ -16,7 +16,8 @@ from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, did_you_mean
 from beatloop.environment_base import Environment
 
-Lookup = Callable[[str], type[Environment]]
+#: A name's class, or ``None`` when the lookup has no registry to ask (yet).
+Lookup = Callable[[str], type[Environment] | None]
 
 _lookup: Lookup | None = None
 
@@ -31,8 +32,9 @@ def use_lookup(lookup: Lookup | None) -> None:
 def environment_class(name: str) -> type[Environment]:
     """The environment class registered as ``name``; a ConfigError naming the known
     ones (and the closest) when there is none."""
-    if _lookup is not None:
-        return _lookup(name)
+    found = _lookup(name) if _lookup is not None else None
+    if found is not None:
+        return found
     from beatloop.environment_kinds import BUILT_IN
 
     built_in = {cls.name: cls for cls in BUILT_IN}

@@ -393,10 +393,16 @@ def registry() -> Registry:
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = Registry(load_entry_points=not _autoload_disabled())
-        # Recipes find environments through beatloop.environments, which cannot import
-        # this module (the built-in plugin registers a recipe that imports it).
-        environments.use_lookup(lambda name: _REGISTRY.environment(name).cls)
+    # Recipes find environments through beatloop.environments, which cannot import this
+    # module (the built-in plugin registers a recipe that imports it): hand it the way.
+    environments.use_lookup(_environment_class)
     return _REGISTRY
+
+
+def _environment_class(name: str) -> type | None:
+    """The environment ``name`` of the process-wide registry; ``None`` while it is being
+    built (its recipes' default configs name built-in environments)."""
+    return None if _REGISTRY is None else _REGISTRY.environment(name).cls
 
 
 def loaded_registry() -> Registry | None:
@@ -409,7 +415,6 @@ def reset_registry() -> None:
     """Forget the registry so the next lookup reloads plugins (after installing one)."""
     global _REGISTRY
     _REGISTRY = None
-    environments.use_lookup(None)
 
 
 def _autoload_disabled() -> bool:

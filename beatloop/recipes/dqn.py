@@ -67,7 +67,7 @@ class DqnConfig:
     )  # fmt: skip
     target_every: int = setting(100, "steps between target copies (target=copy)", _positive)
     target_decay: float = setting(
-        0.99, "the EMA's decay (target=polyak): target = d*target + (1-d)*q", _fraction
+        0.99, "the EMA's decay d (target=polyak): target becomes d·target + (1-d)·q", _fraction
     )
     double: bool = setting(False, "double DQN: the Q network picks the next action")
     validation_batches: int = setting(
