@@ -70,8 +70,9 @@ def snapshot(engine) -> dict[str, np.ndarray]:
         (1, {}),
         (4, {}),
         (5, {"target": "polyak", "double": True, "loss": "mse"}),
+        (4, {"env": "cartpole", "env_settings": ("horizon=20",)}),
     ],
-    ids=["copy-K1", "copy-K4", "polyak-double-mse-K5"],
+    ids=["copy-K1", "copy-K4", "polyak-double-mse-K5", "cartpole-K4"],
 )
 def test_the_recipe_equals_the_hand_written_dqn_bit_for_bit(steps_per_execution, overrides):
     recipe = recipe_of(**overrides)
