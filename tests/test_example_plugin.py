@@ -55,6 +55,7 @@ def test_list_shows_the_plugin_with_its_origin(throwaway):
     assert line.endswith("[beatloop-example-plugin]")
     assert "module: beatloop_example_plugin.wgan_gp  plugin: example" in out
     assert "callback epoch_timer: beatloop_example_plugin.timer.EpochTimer" in out
+    assert "environment grid: beatloop_example_plugin.grid.Grid [beatloop-example-plugin]" in out
 
 
 def test_the_live_environment_never_sees_the_plugin(throwaway):
