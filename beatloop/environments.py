@@ -52,7 +52,7 @@ def make_environment(name: str, settings: Sequence[str] = ()) -> Environment:
     value converted by its config field's type; bad ones are a ConfigError naming the
     environment and the field."""
     cls = environment_class(name)
-    owner = f"environment {name!r}"
+    owner = f"environment {name!r} (its parameters set by env_settings)"
     bad = [text for text in settings if "=" not in text]
     if bad:
         raise ConfigError(f"env_settings takes NAME=VALUE items, got {bad[0]!r}")

@@ -149,7 +149,9 @@ def test_bad_settings_are_config_errors_that_say_what_to_do():
     unknown = r"no environment 'chian' \(did you mean 'chain'\?\); known environments: cartpole"
     with pytest.raises(beatloop.ConfigError, match=unknown):
         beatloop.make_recipe("dqn", {"env": "chian"})
-    misspelt = "environment 'chain' has no config field 'lenght'"
+    misspelt = (
+        r"environment 'chain' \(its parameters set by env_settings\) has no config field 'lenght'"
+    )
     with pytest.raises(beatloop.ConfigError, match=misspelt):
         beatloop.make_recipe("dqn", {"env_settings": ("lenght=4",)})
     with pytest.raises(beatloop.ConfigError, match="expects int, got str 'x'"):
