@@ -78,6 +78,23 @@ PICTURES: dict[str, Picture] = {
             )
         },
     ),
+    "dqn": Picture(
+        recipe="dqn",
+        figures=("train_return", "greedy_return"),
+        title="dqn on the chain (10 cells), epochs of 200 steps, seed 0",
+        ylabel="return",
+        config={"steps_per_epoch": 200},
+        epochs=10,
+        quick_config={
+            "steps_per_epoch": 40,
+            "hidden": 16,
+            "buffer_size": 64,
+            "learning_starts": 16,
+            "validation_batches": 1,
+        },
+        quick_epochs=2,
+        references=lambda quick: {"optimal return": 1.0},
+    ),
 }
 
 

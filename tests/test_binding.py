@@ -217,6 +217,7 @@ def test_a_loss_drawing_global_random_numbers_warns_naming_its_beat():
         ("multitask", {}),
         ("risk_weighted", {}),
         ("style_transfer", {}),
+        ("dqn", {}),
     ],
 )
 def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):
@@ -225,7 +226,10 @@ def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):
     models = recipe.build_models(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("error", beatloop.ResumeWarning)
-        bind(recipe.schedule(), models, recipe.build_optimizers(), recipe.losses(), spec)
+        state = recipe.build_state()
+        bind(
+            recipe.schedule(), models, recipe.build_optimizers(), recipe.losses(), spec, state=state
+        )
 
 
 def test_binding_does_not_advance_the_runs_generator():

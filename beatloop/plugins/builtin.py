@@ -1,5 +1,5 @@
-"""The built-in recipes, callbacks and data sources, registered through the same hooks as
-plugins."""
+"""The built-in recipes, callbacks, data sources and environments, registered through
+the same hooks as plugins."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from beatloop.plugins.hookspecs import hookimpl
 @hookimpl
 def register_recipes() -> list[type]:
     from beatloop.recipes.contrastive import Contrastive
+    from beatloop.recipes.dqn import Dqn
     from beatloop.recipes.gan import Gan
     from beatloop.recipes.multitask import Multitask
     from beatloop.recipes.risk_weighted import RiskWeighted
     from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive]
+    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive, Dqn]
 
 
 @hookimpl
@@ -37,3 +38,10 @@ def register_data_sources() -> list[type]:
     from beatloop.source_kinds import CsvSource, FolderSource, NpzSource
 
     return [FolderSource, CsvSource, NpzSource]
+
+
+@hookimpl
+def register_environments() -> list[type]:
+    from beatloop.environment_kinds import CartPole, Chain
+
+    return [Chain, CartPole]
