@@ -16,7 +16,7 @@ import beatloop.plugins.registry as registry_module
 from beatloop import listing
 from beatloop.cli import main
 
-BUILT_IN = ["dqn", "gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
+BUILT_IN = ["contrastive", "dqn", "gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
 
 
 @pytest.fixture

@@ -3,8 +3,9 @@ in its own process (logical devices must be set before TensorFlow runs anything)
 
 ``python contrastive_mirrored.py OUT``: for each target (``none``: SimCLR, ``ema``:
 BYOL), one epoch of pretraining and one of the linear probe from the same initial
-weights, data (global batches of 9: replica shares of 5 and 4, then a last batch of 4
-split 2 + 2; 36 validation digits, 4 batches of 9) and seed, once per device setup.
+weights, data (37 training and 37 validation digits in global batches of 9: replica
+shares of 5 and 4, then a last batch of one row, split 1 + 0, so one replica has no rows)
+and seed, once per device setup.
 Writes JSON to OUT: per target the largest weight difference between the two, how far
 training moved the weights, both histories and the step counts.
 """
@@ -29,7 +30,7 @@ import beatloop
 
 
 def train(target: str, initial: dict, strategy=None):
-    data = digits_data(40, 9, 36)
+    data = digits_data(37, 9, 37)
     config = {**SMALL, "target": target, "pretrain_epochs": 1}
     recipe = beatloop.make_recipe("contrastive", config)
     with strategy.scope() if strategy else contextlib.nullcontext():
@@ -47,7 +48,7 @@ def largest_difference(first: dict, second: dict) -> float:
 
 def compare(target: str, strategy) -> dict:
     recipe = beatloop.make_recipe("contrastive", {**SMALL, "target": target})
-    built = recipe.build_models(digits_data(40, 9, 36)[0].element_spec)
+    built = recipe.build_models(digits_data(37, 9, 37)[0].element_spec)
     initial = {name: model.get_weights() for name, model in built.items()}
     one, two = train(target, initial), train(target, initial, strategy)
     ones = all_weights(one.models)
