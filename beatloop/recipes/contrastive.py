@@ -7,7 +7,12 @@ negatives every other view of the *global* batch (``models.all_gather``, so a ru
 a distribution strategy trains the loss one device would). ``target="ema"`` is BYOL
 (Grill et al., 2020): a predictor on the online projection learns the other view's
 projection by a target encoder and projector that follow the online ones by ``EMA``;
-its loss is the symmetric normalised mean squared error, no negatives.
+its loss is the symmetric normalised mean squared error, no negatives. As in the BYOL
+paper, the projector's and predictor's hidden layers are batch-normalised (synchronized
+across replicas, so a strategy normalises the global batch) and the target runs in
+training mode (batch statistics); the predictor has its own, larger learning rate, as
+DirectPred (Tian et al., 2021) and SimSiam found a fast predictor keeps the features
+from collapsing.
 
 The schedule, in two phases: ``pretrain`` is one ``Group`` (one forward for both
 beats): the contrastive beat and an online probe, a ``Dense(classes)`` on the
@@ -64,6 +69,9 @@ class ContrastiveConfig:
     projection: int = setting(32, "the projection head's output", _positive)
     classes: int = setting(10, "classes the probes predict; labels in [0, classes)", _positive)
     learning_rate: float = setting(1e-3, "Adam's learning rate for the pretraining", _positive)
+    predictor_learning_rate: float = setting(
+        1e-2, "Adam's learning rate for BYOL's predictor (target=ema)", _positive
+    )
     probe_learning_rate: float = setting(5e-2, "Adam's learning rate for each probe", _positive)
     pretrain_epochs: int = setting(
         20, "epochs of pretraining before the linear probe (0: probe a random encoder)",
@@ -76,10 +84,22 @@ class ContrastiveConfig:
 
 
 def dense_stack(inputs: tuple, hidden: int, out: int, name: str) -> keras.Sequential:
-    """Flatten, Dense(hidden, relu), Dense(out): the encoder, projector and predictor."""
+    """Flatten, Dense(hidden, relu), Dense(out): the encoder, and SimCLR's projector."""
     flat = [keras.layers.Flatten()] if len(inputs) > 1 else []
     dense = [keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(out)]
     return keras.Sequential([keras.Input(inputs), *flat, *dense], name=name)
+
+
+def normalised_head(inputs: int, hidden: int, out: int, name: str) -> keras.Sequential:
+    """Dense(hidden), BatchNormalization, ReLU, Dense(out): BYOL's projector and
+    predictor. The batch statistics are synchronized across replicas (the global
+    batch's, so a strategy trains what one device does)."""
+    layers = keras.layers
+    norm = layers.BatchNormalization(synchronized=True)
+    return keras.Sequential(
+        [keras.Input((inputs,)), layers.Dense(hidden), norm, layers.ReLU(), layers.Dense(out)],
+        name=name,
+    )
 
 
 def linear(inputs: int, classes: int, name: str) -> keras.Sequential:
@@ -157,27 +177,34 @@ class Contrastive(Recipe):
         shape = tuple(batch_spec["x"].shape[1:])
         models = {
             "encoder": dense_stack(shape, c.hidden, c.features, "encoder"),
-            "projector": dense_stack((c.features,), c.hidden, c.projection, "projector"),
+            "projector": self.head(c.features, c.projection, "projector"),
             "probe": linear(c.features, c.classes, "probe"),
             "linear_probe": linear(c.features, c.classes, "linear_probe"),
         }
         if self.byol:
-            models["predictor"] = dense_stack((c.projection,), c.hidden, c.projection, "predictor")
+            models["predictor"] = self.head(c.projection, c.projection, "predictor")
             models["target_encoder"] = dense_stack(shape, c.hidden, c.features, "target_encoder")
-            models["target_projector"] = dense_stack(
-                (c.features,), c.hidden, c.projection, "target_projector"
-            )
+            models["target_projector"] = self.head(c.features, c.projection, "target_projector")
             for online in ("encoder", "projector"):  # the target starts as the online one
                 models[f"target_{online}"].set_weights(models[online].get_weights())
         return models
 
+    def head(self, inputs: int, out: int, name: str) -> keras.Sequential:
+        """A projector or predictor: batch-normalised for BYOL, plain for SimCLR."""
+        if self.byol:
+            return normalised_head(inputs, self.config.hidden, out, name)
+        return dense_stack((inputs,), self.config.hidden, out, name)
+
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
-        adam = keras.optimizers.Adam
-        return {
-            "pretrain": adam(self.config.learning_rate),
-            "probe": adam(self.config.probe_learning_rate),
-            "linear_probe": adam(self.config.probe_learning_rate),
+        adam, config = keras.optimizers.Adam, self.config
+        optimizers = {
+            "pretrain": adam(config.learning_rate),
+            "probe": adam(config.probe_learning_rate),
+            "linear_probe": adam(config.probe_learning_rate),
         }
+        if self.byol:
+            optimizers["predictor"] = adam(config.predictor_learning_rate)
+        return optimizers
 
     # --- the schedule -----------------------------------------------------------------------
 
@@ -190,10 +217,15 @@ class Contrastive(Recipe):
         )
         if not self.config.pretrain_epochs:
             return probing
-        loss = "byol" if self.byol else "nt_xent"
-        beats = (Beat(loss, "pretrain", updates=online), Beat("probe", "probe", updates="probe"))
-        entries: list = [Group(forward="views", beats=beats)]
-        if self.byol:
+        probe = Beat("probe", "probe", updates="probe")
+        if not self.byol:
+            beats = (Beat("nt_xent", "pretrain", updates=online), probe)
+            entries: list = [Group(forward="views", beats=beats)]
+        else:  # the predictor with its own optimizer; the target in training mode too
+            encoder = Beat("byol", "pretrain", updates=("encoder", "projector"))
+            predictor = Beat("byol", "predictor", updates="predictor", name="predictor")
+            beats, training = (encoder, predictor, probe), (*online, "probe", *targets)
+            entries = [Group(forward="views", beats=beats, training=training)]
             decay = self.config.ema_decay
             entries += [EMA(name, f"target_{name}", decay) for name in ("encoder", "projector")]
         pretrain = Schedule(tuple(entries), frozen="linear_probe")
