@@ -5,9 +5,10 @@
 Pretraining steps: two views of each digit (a shift of up to one pixel, zero-padded,
 then Gaussian noise, drawn from one ``tf.random.Generator``), the encoder and projector
 on each, SimCLR's NT-Xent (or BYOL's symmetric normalised MSE against EMA target
-networks), an online probe on the clean digits' stop-gradient features; both gradients
-from the same forward, then each optimizer's update, then the targets' EMA. Probe steps:
-a linear probe on the frozen encoder.
+networks, whose projector and predictor are batch-normalised and whose target runs in
+training mode too), an online probe on the clean digits' stop-gradient features; every
+gradient from the same forward, then each optimizer's update (BYOL's predictor has its
+own), then the targets' EMA. Probe steps: a linear probe on the frozen encoder.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from beatloop.data import digits_arrays
 
 #: The small sizes the tests and the benchmark train at.
 SMALL = {"hidden": 32, "features": 8, "projection": 8, "batch_size": 32}
-NOISE, TEMPERATURE, DECAY, RATE, PROBE_RATE = 0.1, 0.5, 0.99, 1e-3, 5e-2
+NOISE, TEMPERATURE, DECAY, RATE, PROBE_RATE, PREDICTOR_RATE = 0.1, 0.5, 0.99, 1e-3, 5e-2, 1e-2
 
 
 def digits_data(
@@ -42,19 +43,29 @@ def stack(inputs: int, hidden: int, out: int) -> keras.Sequential:
     return keras.Sequential([keras.Input((inputs,)), dense(hidden, "relu"), dense(out)])
 
 
+def head(inputs: int, hidden: int, out: int) -> keras.Sequential:
+    """BYOL's projector and predictor: batch normalisation before the ReLU."""
+    layers = keras.layers
+    norm = layers.BatchNormalization(synchronized=True)
+    return keras.Sequential(
+        [keras.Input((inputs,)), layers.Dense(hidden), norm, layers.ReLU(), layers.Dense(out)]
+    )
+
+
 def build_models(sizes: dict, byol: bool) -> dict[str, keras.Model]:
     """The networks the recipe builds, in its order (their weights are then set)."""
     hidden, features, projection = sizes["hidden"], sizes["features"], sizes["projection"]
+    projector = head if byol else stack
     models = {
         "encoder": stack(64, hidden, features),
-        "projector": stack(features, hidden, projection),
+        "projector": projector(features, hidden, projection),
         "probe": keras.Sequential([keras.Input((features,)), keras.layers.Dense(10)]),
         "linear_probe": keras.Sequential([keras.Input((features,)), keras.layers.Dense(10)]),
     }
     if byol:
-        models["predictor"] = stack(projection, hidden, projection)
+        models["predictor"] = head(projection, hidden, projection)
         models["target_encoder"] = stack(64, hidden, features)
-        models["target_projector"] = stack(features, hidden, projection)
+        models["target_projector"] = head(features, hidden, projection)
     return models
 
 
@@ -106,14 +117,18 @@ class HandWritten:
         tf.config.experimental.enable_op_determinism()
         self.models, self.byol = models, byol
         self.random = tf.random.Generator.from_seed(seed)
-        online = ["encoder", "projector", "predictor"] if byol else ["encoder", "projector"]
-        self.online = [v for name in online for v in models[name].trainable_variables]
-        self.probe_variables = list(models["probe"].trainable_variables)
-        self.linear_variables = list(models["linear_probe"].trainable_variables)
-        self.pretrain, self.probe, self.linear = (
-            keras.optimizers.Adam(rate) for rate in (RATE, PROBE_RATE, PROBE_RATE)
-        )
+
+        def variables(*names):
+            return [v for name in names for v in models[name].trainable_variables]
+
+        self.online = variables("encoder", "projector")
+        self.predictor_variables = variables("predictor") if byol else []
+        self.probe_variables = variables("probe")
+        self.linear_variables = variables("linear_probe")
+        rates = (RATE, PREDICTOR_RATE, PROBE_RATE, PROBE_RATE)
+        self.pretrain, self.predictor, self.probe, self.linear = map(keras.optimizers.Adam, rates)
         self.pretrain.build(self.online)
+        self.predictor.build(self.predictor_variables)
         self.probe.build(self.probe_variables)
         self.linear.build(self.linear_variables)
         pairs = []
@@ -128,11 +143,12 @@ class HandWritten:
     def _losses(self, batch):
         m, x = self.models, batch["x"]
         if self.byol:
-            online, targets = [], []
+            online, targets = [], []  # batch statistics: every network in training mode
             for _ in range(2):
                 v = view(x, self.random)
-                online.append(m["predictor"](m["projector"](m["encoder"](v))))
-                targets.append(m["target_projector"](m["target_encoder"](v)))
+                projection = m["projector"](m["encoder"](v), training=True)
+                online.append(m["predictor"](projection, training=True))
+                targets.append(m["target_projector"](m["target_encoder"](v), training=True))
             features = tf.stop_gradient(m["encoder"](x))
             loss = tf.reduce_mean(
                 byol_term(online[0], targets[1]) + byol_term(online[1], targets[0])
@@ -144,9 +160,16 @@ class HandWritten:
         return loss, cross_entropy(batch["y"], m["probe"](features))
 
     def _step(self, batch):
-        with tf.GradientTape() as tape, tf.GradientTape() as probe_tape:
+        with (
+            tf.GradientTape() as tape,
+            tf.GradientTape() as predictor_tape,
+            tf.GradientTape() as probe_tape,
+        ):
             loss, probe_loss = self._losses(batch)
         self.pretrain.apply(tape.gradient(loss, self.online), self.online)
+        if self.byol:
+            predictor_gradients = predictor_tape.gradient(loss, self.predictor_variables)
+            self.predictor.apply(predictor_gradients, self.predictor_variables)
         probe_gradients = probe_tape.gradient(probe_loss, self.probe_variables)
         self.probe.apply(probe_gradients, self.probe_variables)
         for t, s in self.pairs:
