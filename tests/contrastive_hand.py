@@ -38,34 +38,40 @@ def digits_data(
     return batches(train, count), batches(validation, validation_count)
 
 
-def stack(inputs: int, hidden: int, out: int) -> keras.Sequential:
+def stack(inputs: int, hidden: int, out: int, bias: bool = True) -> keras.Sequential:
     dense = keras.layers.Dense
-    return keras.Sequential([keras.Input((inputs,)), dense(hidden, "relu"), dense(out)])
+    layers = [keras.Input((inputs,)), dense(hidden, "relu"), dense(out, use_bias=bias)]
+    return keras.Sequential(layers)
 
 
-def head(inputs: int, hidden: int, out: int) -> keras.Sequential:
-    """BYOL's projector and predictor: batch normalisation before the ReLU."""
+def head(inputs: int, hidden: int, out: int, bias: bool = True) -> keras.Sequential:
+    """BYOL's projector and predictor: batch normalisation before the ReLU, no bias
+    feeding a normalisation (it would cancel)."""
     layers = keras.layers
     norm = layers.BatchNormalization(synchronized=True)
-    return keras.Sequential(
-        [keras.Input((inputs,)), layers.Dense(hidden), norm, layers.ReLU(), layers.Dense(out)]
-    )
+    dense = [
+        layers.Dense(hidden, use_bias=False),
+        norm,
+        layers.ReLU(),
+        layers.Dense(out, use_bias=bias),
+    ]
+    return keras.Sequential([keras.Input((inputs,)), *dense])
 
 
 def build_models(sizes: dict, byol: bool) -> dict[str, keras.Model]:
     """The networks the recipe builds, in its order (their weights are then set)."""
     hidden, features, projection = sizes["hidden"], sizes["features"], sizes["projection"]
-    projector = head if byol else stack
+    projector, biased = (head, False) if byol else (stack, True)
     models = {
-        "encoder": stack(64, hidden, features),
-        "projector": projector(features, hidden, projection),
+        "encoder": stack(64, hidden, features, biased),
+        "projector": projector(features, hidden, projection, biased),
         "probe": keras.Sequential([keras.Input((features,)), keras.layers.Dense(10)]),
         "linear_probe": keras.Sequential([keras.Input((features,)), keras.layers.Dense(10)]),
     }
     if byol:
         models["predictor"] = head(projection, hidden, projection)
-        models["target_encoder"] = stack(64, hidden, features)
-        models["target_projector"] = head(features, hidden, projection)
+        models["target_encoder"] = stack(64, hidden, features, biased)
+        models["target_projector"] = head(features, hidden, projection, biased)
     return models
 
 

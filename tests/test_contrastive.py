@@ -175,11 +175,14 @@ def mirrored(tmp_path_factory) -> dict:
 def test_under_a_mirrored_strategy_it_trains_as_one_device(mirrored, target):
     """Global batches of 9 split 5 + 4 over two logical CPUs, and a last batch of one row
     (one replica with none): the views, the gathered negatives (SimCLR), the EMA targets
-    (BYOL) and both probes as on one device, every figure finite."""
+    (BYOL, its synchronized batch normalisation) and both probes as on one device, every
+    figure finite. BYOL's bound is wider: on the one-row batch its heads' normalisation
+    leaves the layers below it a gradient that is zero but for round-off, and Adam scales
+    that round-off up to steps of a few 1e-5 (without that batch the two stay within 1e-5)."""
     report = mirrored[target]
     assert report["replicas"] == 2 and report["steps"][0] == report["steps"][1] > 0
     assert report["moved"] > 1e-3
-    assert report["largest_difference"] < 1e-5, report
+    assert report["largest_difference"] < (1e-4 if target == "ema" else 1e-5), report
     for name, values in report["one"].items():
         np.testing.assert_allclose(report["two"][name], values, rtol=1e-5, atol=1e-6, err_msg=name)
 

@@ -83,23 +83,33 @@ class ContrastiveConfig:
     )
 
 
-def dense_stack(inputs: tuple, hidden: int, out: int, name: str) -> keras.Sequential:
+def dense_stack(
+    inputs: tuple, hidden: int, out: int, name: str, out_bias: bool = True
+) -> keras.Sequential:
     """Flatten, Dense(hidden, relu), Dense(out): the encoder, and SimCLR's projector."""
     flat = [keras.layers.Flatten()] if len(inputs) > 1 else []
-    dense = [keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(out)]
+    dense = [
+        keras.layers.Dense(hidden, activation="relu"),
+        keras.layers.Dense(out, use_bias=out_bias),
+    ]
     return keras.Sequential([keras.Input(inputs), *flat, *dense], name=name)
 
 
-def normalised_head(inputs: int, hidden: int, out: int, name: str) -> keras.Sequential:
+def normalised_head(
+    inputs: int, hidden: int, out: int, name: str, out_bias: bool = True
+) -> keras.Sequential:
     """Dense(hidden), BatchNormalization, ReLU, Dense(out): BYOL's projector and
     predictor. The batch statistics are synchronized across replicas (the global
     batch's, so a strategy trains what one device does)."""
     layers = keras.layers
     norm = layers.BatchNormalization(synchronized=True)
-    return keras.Sequential(
-        [keras.Input((inputs,)), layers.Dense(hidden), norm, layers.ReLU(), layers.Dense(out)],
-        name=name,
-    )
+    dense = [
+        layers.Dense(hidden, use_bias=False),
+        norm,
+        layers.ReLU(),
+        layers.Dense(out, use_bias=out_bias),
+    ]
+    return keras.Sequential([keras.Input((inputs,)), *dense], name=name)
 
 
 def linear(inputs: int, classes: int, name: str) -> keras.Sequential:
@@ -175,25 +185,32 @@ class Contrastive(Recipe):
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
         c = self.config
         shape = tuple(batch_spec["x"].shape[1:])
+        # BYOL: no bias just before a normalisation (it cancels there; its gradient is
+        # round-off, which Adam would turn into full-size steps)
+        biased = not self.byol
         models = {
-            "encoder": dense_stack(shape, c.hidden, c.features, "encoder"),
-            "projector": self.head(c.features, c.projection, "projector"),
+            "encoder": dense_stack(shape, c.hidden, c.features, "encoder", biased),
+            "projector": self.head(c.features, c.projection, "projector", biased),
             "probe": linear(c.features, c.classes, "probe"),
             "linear_probe": linear(c.features, c.classes, "linear_probe"),
         }
         if self.byol:
             models["predictor"] = self.head(c.projection, c.projection, "predictor")
-            models["target_encoder"] = dense_stack(shape, c.hidden, c.features, "target_encoder")
-            models["target_projector"] = self.head(c.features, c.projection, "target_projector")
+            models["target_encoder"] = dense_stack(
+                shape, c.hidden, c.features, "target_encoder", biased
+            )
+            models["target_projector"] = self.head(
+                c.features, c.projection, "target_projector", biased
+            )
             for online in ("encoder", "projector"):  # the target starts as the online one
                 models[f"target_{online}"].set_weights(models[online].get_weights())
         return models
 
-    def head(self, inputs: int, out: int, name: str) -> keras.Sequential:
+    def head(self, inputs: int, out: int, name: str, out_bias: bool = True) -> keras.Sequential:
         """A projector or predictor: batch-normalised for BYOL, plain for SimCLR."""
         if self.byol:
-            return normalised_head(inputs, self.config.hidden, out, name)
-        return dense_stack((inputs,), self.config.hidden, out, name)
+            return normalised_head(inputs, self.config.hidden, out, name, out_bias)
+        return dense_stack((inputs,), self.config.hidden, out, name, out_bias)
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
         adam, config = keras.optimizers.Adam, self.config
