@@ -14,8 +14,9 @@ training mode (batch statistics); the predictor has its own, larger learning rat
 DirectPred (Tian et al., 2021) and SimSiam found a fast predictor keeps the features
 from collapsing.
 
-The schedule, in two phases: ``pretrain`` is one ``Group`` (one forward for both
-beats): the contrastive beat and an online probe, a ``Dense(classes)`` on the
+The schedule, in two phases: ``pretrain`` is one ``Group`` (one forward for all its
+beats): the contrastive beat (BYOL: one for the encoder and projector, one for the
+predictor, on the same loss) and an online probe, a ``Dense(classes)`` on the
 stop-gradient features of the clean image with its own optimizer, watching what the
 features are worth as they learn; then the ``EMA`` entries (BYOL). ``probe`` trains a
 fresh linear probe on the frozen encoder for the rest of the run. ``probe_accuracy``
