@@ -176,9 +176,10 @@ def test_under_a_mirrored_strategy_it_trains_as_one_device(mirrored, target):
     """Global batches of 9 split 5 + 4 over two logical CPUs, and a last batch of one row
     (one replica with none): the views, the gathered negatives (SimCLR), the EMA targets
     (BYOL, its synchronized batch normalisation) and both probes as on one device, every
-    figure finite. BYOL's bound is wider: on the one-row batch its heads' normalisation
-    leaves the layers below it a gradient that is zero but for round-off, and Adam scales
-    that round-off up to steps of a few 1e-5 (without that batch the two stay within 1e-5)."""
+    figure finite. BYOL's bound is wider: its heads' normalisation cancels a shift of
+    its input shared by the whole batch, so along such shifts (a bias below it, for the
+    units active on every row; every direction on the one-row batch) the layers below get
+    a gradient that is zero but for round-off, which Adam scales up to steps of 1e-5."""
     report = mirrored[target]
     assert report["replicas"] == 2 and report["steps"][0] == report["steps"][1] > 0
     assert report["moved"] > 1e-3
