@@ -9,12 +9,13 @@ from beatloop.plugins.hookspecs import hookimpl
 @hookimpl
 def register_recipes() -> list[type]:
     from beatloop.recipes.gan import Gan
+    from beatloop.recipes.meta import Meta
     from beatloop.recipes.multitask import Multitask
     from beatloop.recipes.risk_weighted import RiskWeighted
     from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask]
+    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Meta]
 
 
 @hookimpl
