@@ -51,12 +51,12 @@ class MetaConfig:
     inner_learning_rate: float = setting(0.01, "the inner SGD steps' learning rate", _positive)
     learning_rate: float = setting(1e-3, "the outer Adam's learning rate", _positive)
     hidden: int = setting(40, "width of the learner's two hidden Dense layers (relu)", _positive)
-    tasks_per_batch: int = setting(10, "tasks in one batch (the meta-batch)", _at_least_one)
+    tasks_per_batch: int = setting(25, "tasks in one batch (the meta-batch)", _at_least_one)
     support: int = setting(10, "support points per task (K shots, adapted on)", _at_least_one)
     query: int = setting(10, "query points per task (the loss after adaptation)", _at_least_one)
-    train_tasks: int = setting(2000, "training tasks of the built-in data", _at_least_one)
+    train_tasks: int = setting(10000, "training tasks of the built-in data", _at_least_one)
     validation_tasks: int = setting(
-        200, "held-out validation tasks of the built-in data", _at_least_one
+        500, "held-out validation tasks of the built-in data", _at_least_one
     )
 
 
