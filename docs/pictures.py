@@ -1,0 +1,127 @@
+"""The recipes' pictures in docs/recipes.md: each trains a built-in recipe at its
+documented size and draws figures of its history per epoch, so a picture shows what the
+recipe does now, not what it did once.
+
+    python docs/pictures.py                          # every picture, into docs/img/
+    python docs/pictures.py dqn meta                 # some of them
+    python docs/pictures.py --quick --out /tmp/pics  # small runs (what the tests draw)
+
+tests/test_pictures.py draws every picture with ``--quick`` and checks each one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+DOCS = Path(__file__).resolve().parent
+IMAGES = DOCS / "img"
+SEED = 0
+
+
+@attrs.frozen
+class Picture:
+    """One recipe's picture: the history figures drawn per epoch (one line each), the
+    run that makes them (``config``, ``epochs``) and its small twin for the tests
+    (``quick_config`` over ``config``, ``quick_epochs``). ``references`` gives labelled
+    values drawn as dashed horizontal lines (a baseline measured by the recipe's own
+    code); it is called with ``quick``."""
+
+    recipe: str
+    figures: tuple[str, ...]
+    title: str
+    ylabel: str
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    epochs: int = 10
+    quick_config: Mapping[str, Any] = attrs.field(factory=dict)
+    quick_epochs: int = 2
+    references: Callable[[bool], Mapping[str, float]] | None = None
+
+    def run_config(self, quick: bool) -> dict[str, Any]:
+        return {**self.config, **(self.quick_config if quick else {})}
+
+    def run_epochs(self, quick: bool) -> int:
+        return self.quick_epochs if quick else self.epochs
+
+
+#: Every recipe picture the docs show, by the file name it is drawn into (NAME.png).
+PICTURES: dict[str, Picture] = {}
+
+
+class MissingFigure(LookupError):
+    """A picture names a figure its run's history does not have."""
+
+
+def curves(picture: Picture, quick: bool = False) -> dict[str, list[float]]:
+    """Train the picture's run (seed 0) and return the figures it draws, per epoch."""
+    import beatloop
+
+    result = beatloop.fit(
+        picture.recipe,
+        config=picture.run_config(quick),
+        epochs=picture.run_epochs(quick),
+        seed=SEED,
+        progress=False,
+    )
+    missing = [name for name in picture.figures if name not in result.history]
+    if missing:
+        raise MissingFigure(
+            f"{picture.recipe}: the picture draws {missing}, which its history lacks; "
+            f"it has {sorted(result.history)}"
+        )
+    return {name: list(result.history[name]) for name in picture.figures}
+
+
+def draw(picture: Picture, path: Path, quick: bool = False) -> dict[str, list[float]]:
+    """Draw ``picture`` into ``path`` (a PNG) and return the curves drawn in it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    drawn = curves(picture, quick)
+    references = picture.references(quick) if picture.references else {}
+    figure, axis = plt.subplots(figsize=(5.6, 3.4))
+    for name, values in drawn.items():
+        axis.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=name)
+    for index, (label, value) in enumerate(references.items()):
+        axis.axhline(value, linestyle="--", color=f"C{len(drawn) + index}", label=label)
+    axis.set_title(picture.title, fontsize=10)
+    axis.set_xlabel("epoch")
+    axis.set_ylabel(picture.ylabel)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return {**drawn, **{label: [value] for label, value in references.items()}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "names", nargs="*", help=f"pictures to draw (default all: {sorted(PICTURES)})"
+    )
+    parser.add_argument("--quick", action="store_true", help="the tests' small runs")
+    parser.add_argument("--out", type=Path, default=IMAGES, help="where NAME.png goes")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(PICTURES))
+    if unknown:
+        parser.error(f"no picture named {unknown}; the pictures are {sorted(PICTURES)}")
+    for name in args.names or sorted(PICTURES):
+        path = args.out / f"{name}.png"
+        drawn = draw(PICTURES[name], path, args.quick)
+        finals = ", ".join(f"{key} {values[-1]:.4g}" for key, values in drawn.items())
+        print(f"{path}: {finals}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
