@@ -53,6 +53,31 @@ class Picture:
 PICTURES: dict[str, Picture] = {}
 
 
+def _meta_references(quick: bool) -> dict[str, float]:
+    """The validation tasks' query loss of the task distribution's mean sinusoid: the
+    lowest a learner that does not adapt can expect (``sinusoids.unadapted_floor``)."""
+    import numpy as np
+
+    import beatloop
+    from beatloop.recipes.sinusoids import unadapted_floor
+
+    recipe = beatloop.make_recipe("meta", PICTURES["meta"].run_config(quick))
+    batches = list(recipe.default_data(SEED).validation.as_numpy_iterator())
+    tasks = {key: np.concatenate([b[key] for b in batches]) for key in ("query_x", "query_y")}
+    return {"best without adapting": unadapted_floor(tasks)}
+
+
+PICTURES["meta"] = Picture(
+    recipe="meta",
+    figures=("val_query_loss_before", "val_query_loss_after"),
+    title="meta (MAML, second order): held-out tasks' query loss",
+    ylabel="mean squared error",
+    epochs=10,
+    quick_config={"batch_size": 10, "train_tasks": 200, "validation_tasks": 50},
+    references=_meta_references,
+)
+
+
 class MissingFigure(LookupError):
     """A picture names a figure its run's history does not have."""
 

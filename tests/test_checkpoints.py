@@ -24,7 +24,7 @@ RUNS = {
     "supervised": {"config": {"batch_size": 64, "dropout": 0.3}},
     "gan": {"config": {"batch_size": 64, "n_critic": 2, "quality_samples": 64}},
     # 92 sinusoid tasks in batches of 4: 23 steps an epoch too.
-    "meta": {"config": {"tasks_per_batch": 4, "train_tasks": 92, "validation_tasks": 8}},
+    "meta": {"config": {"batch_size": 4, "train_tasks": 92, "validation_tasks": 8}},
 }
 BASE = {"epochs": 2, "seed": 3, "checkpoint_every": 8}
 

@@ -21,12 +21,19 @@ import beatloop
 from beatloop.cli import main
 from beatloop.core.forward import ModelCalls
 from beatloop.recipes.meta import Meta
-from beatloop.recipes.sinusoids import AMPLITUDE, PHASE, sinusoid_split, sinusoid_tasks
+from beatloop.recipes.sinusoids import (
+    AMPLITUDE,
+    PHASE,
+    mean_sinusoid,
+    sinusoid_split,
+    sinusoid_tasks,
+    unadapted_floor,
+)
 
 SEED = 3
 WORKER = Path(__file__).parent / "workers" / "meta_mirrored.py"
 # 22 training tasks in batches of 4: five full batches and a short one of 2 an epoch.
-SMALL = {"tasks_per_batch": 4, "train_tasks": 22, "validation_tasks": 8, "support": 5, "query": 5}
+SMALL = {"batch_size": 4, "train_tasks": 22, "validation_tasks": 8, "support": 5, "query": 5}
 
 
 def small_split():
@@ -38,7 +45,7 @@ def small_split():
         SEED,
         c["train_tasks"],
         c["validation_tasks"],
-        c["tasks_per_batch"],
+        c["batch_size"],
         c["support"],
         c["query"],
     )
@@ -124,17 +131,29 @@ def test_first_order_takes_the_query_gradient_at_the_adapted_weights():
     assert apart > 1e-4  # the second-order terms are there, and first order drops them
 
 
-def test_adaptation_lowers_the_validation_query_loss():
+def test_adaptation_lowers_the_validation_query_loss_below_any_unadapted_learners():
     """The quality claim at a small size: after two epochs the held-out tasks' query
-    loss after adaptation is well below the unadapted learner's, and falling."""
-    config = {"tasks_per_batch": 10, "train_tasks": 1000, "validation_tasks": 100}
-    result = beatloop.fit(
-        "meta", config={**config, "learning_rate": 0.005}, epochs=2, seed=0, progress=False
-    )
+    loss after adaptation is well below the unadapted learner's, and below the floor of
+    every learner that does not adapt (the mean sinusoid's loss), and falling."""
+    config = {"batch_size": 10, "train_tasks": 1000, "validation_tasks": 100}
+    recipe = beatloop.make_recipe("meta", {**config, "learning_rate": 0.005})
+    result = beatloop.fit(recipe, epochs=2, seed=0, progress=False)
     before, after = result.history["val_query_loss_before"], result.history["val_query_loss_after"]
-    assert after[-1] < 0.75 * before[-1]
+    validation = list(recipe.default_data(0).validation.as_numpy_iterator())
+    floor = unadapted_floor({k: np.concatenate([b[k] for b in validation]) for k in validation[0]})
+    assert after[-1] < 0.75 * before[-1] and after[-1] < 0.75 * floor
     assert after[-1] < after[0]
     assert result.history["query_loss_after"][-1] < result.history["query_loss_before"][-1]
+
+
+def test_the_mean_sinusoid_is_the_best_prediction_that_does_not_adapt():
+    tasks = sinusoid_tasks(np.random.default_rng(5), 20000, support=1, query=10)
+    floor, x, y = unadapted_floor(tasks), tasks["query_x"], tasks["query_y"]
+    assert 2.7 < floor < 3.0 < float(np.mean(y**2))  # predicting 0: about E[a^2] / 2 = 4.25
+    for scale in (0.9, 1.1):
+        assert float(np.mean(np.square(y - scale * mean_sinusoid(x)))) > floor + 0.01
+    shifted = mean_sinusoid(x + 0.1)  # the same curve a little to the side: worse too
+    assert float(np.mean(np.square(y - shifted))) > floor + 0.01
 
 
 def test_the_tasks_are_whole_sinusoids_drawn_from_the_seed():
@@ -186,7 +205,7 @@ def test_show_prints_the_config_and_the_one_beat(capsys):
         ({"order": "third"}, "'order' must be in ('first', 'second')"),
         ({"inner_steps": 0}, "'inner_steps' must be >= 1"),
         ({"inner_learning_rate": 0.0}, "'inner_learning_rate' must be > 0"),
-        ({"tasks_per_batch": 0}, "'tasks_per_batch' must be >= 1"),
+        ({"batch_size": 0}, "'batch_size' must be >= 1"),
         ({"shots": 5}, "recipe 'meta' has no config field 'shots'"),
     ],
 )

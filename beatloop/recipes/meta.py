@@ -51,7 +51,9 @@ class MetaConfig:
     inner_learning_rate: float = setting(0.01, "the inner SGD steps' learning rate", _positive)
     learning_rate: float = setting(1e-3, "the outer Adam's learning rate", _positive)
     hidden: int = setting(40, "width of the learner's two hidden Dense layers (relu)", _positive)
-    tasks_per_batch: int = setting(25, "tasks in one batch (the meta-batch)", _at_least_one)
+    batch_size: int = setting(
+        25, "tasks in one batch (the meta-batch), of the built-in data or --data", _at_least_one
+    )
     support: int = setting(10, "support points per task (K shots, adapted on)", _at_least_one)
     query: int = setting(10, "query points per task (the loss after adaptation)", _at_least_one)
     train_tasks: int = setting(10000, "training tasks of the built-in data", _at_least_one)
@@ -83,7 +85,7 @@ class Meta(Recipe):
     def default_data(self, seed: int) -> DataSplit:
         c = self.config
         return sinusoid_split(
-            seed, c.train_tasks, c.validation_tasks, c.tasks_per_batch, c.support, c.query
+            seed, c.train_tasks, c.validation_tasks, c.batch_size, c.support, c.query
         )
 
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:

@@ -42,7 +42,7 @@ def sinusoid_split(
     seed: int,
     train_tasks: int,
     validation_tasks: int,
-    tasks_per_batch: int,
+    batch_size: int,
     support: int,
     query: int,
 ) -> DataSplit:
@@ -54,6 +54,21 @@ def sinusoid_split(
     ]
     train, validation = ({key: tasks[key] for key in KEYS} for tasks in drawn)
     return DataSplit(
-        batches(train, tasks_per_batch, shuffle_seed=seed),
-        batches(validation, tasks_per_batch),
+        batches(train, batch_size, shuffle_seed=seed),
+        batches(validation, batch_size),
     )
+
+
+def mean_sinusoid(x: np.ndarray) -> np.ndarray:
+    """Every task's value at ``x`` averaged over the task distribution,
+    ``E[a] E_b[sin(x - b)]``: the prediction with the lowest expected squared error for
+    a task one knows nothing of."""
+    low, high = PHASE
+    mean_amplitude = sum(AMPLITUDE) / 2
+    return mean_amplitude * (np.cos(x - high) - np.cos(x - low)) / (high - low)
+
+
+def unadapted_floor(tasks: dict[str, np.ndarray]) -> float:
+    """The query loss of ``mean_sinusoid`` on ``tasks``: the lowest any learner that
+    does not adapt to a task's support points can expect, the line adaptation must cross."""
+    return float(np.mean(np.square(tasks["query_y"] - mean_sinusoid(tasks["query_x"]))))

@@ -26,7 +26,7 @@ from helpers import all_weights
 
 import beatloop
 
-CONFIG = {"tasks_per_batch": 5, "train_tasks": 21, "validation_tasks": 7, "support": 5, "query": 5}
+CONFIG = {"batch_size": 5, "train_tasks": 21, "validation_tasks": 7, "support": 5, "query": 5}
 
 
 def largest_difference(first: dict, second: dict) -> float:
