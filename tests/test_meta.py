@@ -202,7 +202,7 @@ def test_show_prints_the_config_and_the_one_beat(capsys):
 @pytest.mark.parametrize(
     ("config", "words"),
     [
-        ({"order": "third"}, "'order' must be in ('first', 'second')"),
+        ({"order": "third"}, "config field 'order' expects 'first' | 'second', got str 'third'"),
         ({"inner_steps": 0}, "'inner_steps' must be >= 1"),
         ({"inner_learning_rate": 0.0}, "'inner_learning_rate' must be > 0"),
         ({"batch_size": 0}, "'batch_size' must be >= 1"),
