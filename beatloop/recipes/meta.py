@@ -116,8 +116,9 @@ class Meta(Recipe):
         weights = [tf.convert_to_tensor(v) for v in learner.trainable_variables]
         fixed = list(learner.non_trainable_variables)
 
-        def predict(values, x):
-            return learner.stateless_call(values, fixed, x, training=training)[0]
+        def predict(values, x):  # float32 under mixed precision too, as the targets
+            outputs = learner.stateless_call(values, fixed, x, training=training)[0]
+            return tf.cast(outputs, tf.float32)
 
         def one_task(task):
             support_x, support_y, query_x, query_y = task
