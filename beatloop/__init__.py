@@ -28,6 +28,9 @@ _EXPORTS = {
     "SourceConfig": "beatloop.sources",
     "load_data": "beatloop.sources",
     "register_data_source": "beatloop.plugins.registry",
+    # environments (the dqn recipe's env)
+    "Environment": "beatloop.environment_base",
+    "register_environment": "beatloop.plugins.registry",
     # registry
     "recipes": "beatloop",  # the callable beatloop.recipes package; see its docstring
     "get_recipe": "beatloop.plugins.registry",
@@ -154,6 +157,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.supplied import SuppliedModel
     from beatloop.core.transforms import PCGrad
     from beatloop.core.updates import EMA, Act, Copy, Update
+    from beatloop.environment_base import Environment
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (
         CsvLogger,
@@ -163,6 +167,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         ProgressBar,
     )
     from beatloop.plugins.hookspecs import hookimpl
-    from beatloop.plugins.registry import get_recipe, recipes, register, register_data_source
+    from beatloop.plugins.registry import (
+        get_recipe,
+        recipes,
+        register,
+        register_data_source,
+        register_environment,
+    )
     from beatloop.plugins.tensorboard import TensorBoard
     from beatloop.sources import DataSource, SourceConfig, load_data

@@ -68,6 +68,7 @@ class Listing:
     callbacks: tuple[Listed, ...]
     sources: tuple[Listed, ...]
     failures: tuple[Failure, ...]
+    environments: tuple[Listed, ...] = ()
 
     @classmethod
     def of(cls, registry) -> Listing:
@@ -90,12 +91,13 @@ class Listing:
             recipes=listed(registry.recipes, description=True),
             callbacks=listed(registry.callbacks),
             sources=listed(registry.sources),
+            environments=listed(registry.environments),
             failures=tuple(Failure(f.plugin, f.origin, f.error) for f in registry.failures),
         )
 
     def lines(self, verbose: bool) -> list[str]:
         """The lines ``list`` prints (``verbose``: modules, plugins, callbacks, data
-        sources and failed plugins too)."""
+        sources, environments and failed plugins too)."""
         width = max((len(r.name) for r in self.recipes), default=4)
         lines = []
         for recipe in self.recipes:
@@ -103,7 +105,11 @@ class Listing:
             if verbose:
                 lines.append(f"{'':<{width}}    module: {recipe.module}  plugin: {recipe.plugin}")
         if verbose:
-            for kind, table in (("callback", self.callbacks), ("data source", self.sources)):
+            for kind, table in (
+                ("callback", self.callbacks),
+                ("data source", self.sources),
+                ("environment", self.environments),
+            ):
                 lines += [f"{kind} {e.name}: {e.module}.{e.qualname} [{e.origin}]" for e in table]
             lines += [f"failed plugin {f.plugin} [{f.origin}]: {f.error}" for f in self.failures]
         return lines
@@ -117,6 +123,7 @@ class Listing:
             recipes=tuple(Listed(**item) for item in data["recipes"]),
             callbacks=tuple(Listed(**item) for item in data["callbacks"]),
             sources=tuple(Listed(**item) for item in data["sources"]),
+            environments=tuple(Listed(**item) for item in data.get("environments", ())),
             failures=tuple(Failure(**item) for item in data["failures"]),
         )
 

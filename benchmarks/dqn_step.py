@@ -1,13 +1,15 @@
-"""In-graph DQN throughput: the DQN schedule (an ``Act`` stepping a chain walk and
+"""DQN throughput: the built-in ``dqn`` recipe (an ``Act`` stepping the chain walk and
 filling a replay buffer in recipe state, a Q-learning beat, a target ``Copy``) beside
 the same DQN written by hand with ``tf.function`` and ``GradientTape``.
 
-Both are tests/dqn_chain.py's, the same ops on the same initial weights and seed (the
-tests check they end bit-identical). beatloop runs at its default steps_per_execution
-("auto"), and at K=32; the hand-written loop calls its compiled step once per step, as
-such loops are written, and also runs 32 steps per compiled call. Each fit's first epoch
-(tracing, and "auto" finding its K) is dropped and its fastest remaining epoch kept; the
-figure is the median over interleaved repeats, with the spread (half the min-max range).
+The hand-written loop is tests/dqn_hand.py's, on the recipe's environment and config
+and the same initial weights and seed (the tests check both end bit-identical).
+beatloop runs at its default steps_per_execution ("auto") and at K=32, training time
+only (``TrainingTimer``: validation and the epoch's greedy roll-out not counted); the
+hand-written loop calls its compiled step once per step, as such loops are written,
+and also runs 32 steps per compiled call. Each fit's first epoch (tracing, and "auto"
+finding its K) is dropped and its fastest remaining epoch kept; the figure is the
+median over interleaved repeats, with the spread (half the min-max range).
 
     python benchmarks/dqn_step.py             # full run
     python benchmarks/dqn_step.py --quick     # smoke run
@@ -27,26 +29,29 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
-from common import EpochTimer, spread
+from common import spread
 
 import beatloop
+from beatloop.plugins.callbacks import TrainingTimer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import dqn_chain  # the recipe and the loop the tests compare
+from dqn_hand import HandWrittenDqn  # the loop the tests compare
 
-STEPS, MULTI_STEP, SEED, TARGET = 640, 32, 0, 1.0
+MULTI_STEP, SEED, TARGET = 32, 0, 1.0
+RECIPE = beatloop.make_recipe("dqn")  # the default config: the chain, 1000 steps an epoch
+STEPS = RECIPE.config.steps_per_epoch
 
 
 def beatloop_fit(steps_per_execution: int | str):
-    """Epoch times of the DQN recipe run by ``beatloop.fit`` at that K."""
+    """Training seconds of each epoch of the dqn recipe run by ``beatloop.fit``."""
 
     def run(epochs: int) -> list[float]:
-        timer = EpochTimer()
+        timer = TrainingTimer()
         beatloop.fit(
-            dqn_chain.DqnChain, epochs=epochs, seed=SEED, steps_per_epoch=STEPS,
-            steps_per_execution=steps_per_execution, progress=False, callbacks=[timer],
+            "dqn", epochs=epochs, seed=SEED, steps_per_execution=steps_per_execution,
+            progress=False, callbacks=[timer],
         )  # fmt: skip
-        return timer.times
+        return timer.epoch_seconds
 
     return run
 
@@ -57,12 +62,17 @@ def hand_written(steps_per_call: int | None):
 
     def run(epochs: int) -> list[float]:
         keras.utils.set_random_seed(SEED)
-        loop = dqn_chain.HandWritten({n: dqn_chain.q_network() for n in ("q", "target")}, SEED)
+        q, target = RECIPE.q_network("q"), RECIPE.q_network("target")
+        target.set_weights(q.get_weights())
+        loop = HandWrittenDqn(RECIPE.environment, RECIPE.config, q, target, SEED)
 
-        @tf.function
+        @tf.function(autograph=False)
         def many(start):
-            for offset in tf.range(steps_per_call, dtype=tf.int64):
-                loop._step(start + offset)
+            def body(offset):
+                loop.train_step(start + offset)
+                return offset + 1
+
+            tf.while_loop(lambda offset: offset < steps_per_call, body, [tf.constant(0, tf.int64)])
 
         times, number = [], 0
         for _ in range(epochs):
@@ -75,7 +85,7 @@ def hand_written(steps_per_call: int | None):
                 for _ in range(STEPS // steps_per_call):
                     many(tf.constant(number, tf.int64))
                     number += steps_per_call
-            float(loop.state["collected"].numpy())  # the epoch's work is done
+            float(loop.state["stored"].numpy())  # the epoch's work is done
             times.append(time.perf_counter() - began)
         return times
 
@@ -83,8 +93,8 @@ def hand_written(steps_per_call: int | None):
 
 
 LOOPS = {
-    "beatloop dqn schedule, spe=auto": beatloop_fit("auto"),
-    f"beatloop dqn schedule, spe={MULTI_STEP}": beatloop_fit(MULTI_STEP),
+    "beatloop dqn, spe=auto": beatloop_fit("auto"),
+    f"beatloop dqn, spe={MULTI_STEP}": beatloop_fit(MULTI_STEP),
     "hand-written, one step per call": hand_written(None),
     f"hand-written, {MULTI_STEP} steps per call": hand_written(MULTI_STEP),
 }
@@ -115,7 +125,7 @@ def main(argv=None) -> int:
         for theirs in names[2:]:
             ratio = median[ours] / median[theirs]
             verdict = "ok" if ratio >= TARGET else "--"
-            label = f"{ours.removeprefix('beatloop dqn schedule, ')} / {theirs}"
+            label = f"{ours.removeprefix('beatloop dqn, ')} / {theirs}"
             print(f"{label:<56} {ratio:7.2f}x  >= {TARGET} {verdict}")
     return 0
 

@@ -49,8 +49,53 @@ class Picture:
         return self.quick_epochs if quick else self.epochs
 
 
+def random_encoder_probe(config: Mapping[str, Any], probe_epochs: int) -> float:
+    """The contrastive recipe's baseline: the final val_probe_accuracy of its linear probe
+    trained for ``probe_epochs`` on the encoder as initialised (``pretrain_epochs=0``)."""
+    import beatloop
+
+    config = {**config, "pretrain_epochs": 0}
+    result = beatloop.fit("contrastive", config=config, epochs=probe_epochs, seed=SEED,
+                          progress=False)  # fmt: skip
+    return result.history["val_probe_accuracy"][-1]
+
+
+CONTRASTIVE_QUICK = {"hidden": 32, "pretrain_epochs": 1}
+
 #: Every recipe picture the docs show, by the file name it is drawn into (NAME.png).
-PICTURES: dict[str, Picture] = {}
+PICTURES: dict[str, Picture] = {
+    "contrastive": Picture(
+        recipe="contrastive",
+        figures=("val_probe_accuracy",),
+        title="contrastive (SimCLR): online probe, then linear probe (epoch 21 on)",
+        ylabel="validation accuracy",
+        epochs=40,
+        quick_config=CONTRASTIVE_QUICK,
+        quick_epochs=2,
+        references=lambda quick: {
+            "linear probe, random encoder": random_encoder_probe(
+                CONTRASTIVE_QUICK if quick else {}, 1 if quick else 20
+            )
+        },
+    ),
+    "dqn": Picture(
+        recipe="dqn",
+        figures=("train_return", "greedy_return"),
+        title="dqn on the chain (10 cells), epochs of 200 steps, seed 0",
+        ylabel="return",
+        config={"steps_per_epoch": 200},
+        epochs=10,
+        quick_config={
+            "steps_per_epoch": 40,
+            "hidden": 16,
+            "buffer_size": 64,
+            "learning_starts": 16,
+            "validation_batches": 1,
+        },
+        quick_epochs=2,
+        references=lambda quick: {"optimal return": 1.0},
+    ),
+}
 
 
 def _meta_references(quick: bool) -> dict[str, float]:

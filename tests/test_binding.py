@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import beatloop
 from beatloop import Beat, Schedule, ScheduleError, bind
+from beatloop.core.phased import bind_schedule
 
 
 def dense_model(name, units=3, inputs=4):
@@ -217,6 +218,11 @@ def test_a_loss_drawing_global_random_numbers_warns_naming_its_beat():
         ("multitask", {}),
         ("risk_weighted", {}),
         ("style_transfer", {}),
+        ("dqn", {}),
+        ("contrastive", {}),
+        ("contrastive", {"target": "ema"}),
+        ("meta", {}),
+        ("meta", {"order": "first"}),
     ],
 )
 def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):
@@ -225,7 +231,10 @@ def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):
     models = recipe.build_models(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("error", beatloop.ResumeWarning)
-        bind(recipe.schedule(), models, recipe.build_optimizers(), recipe.losses(), spec)
+        bind_schedule(  # every phase's, for a recipe in phases
+            recipe.schedule(), models, recipe.build_optimizers(), recipe.losses(), spec,
+            forwards=recipe.forwards(), state=recipe.build_state(),
+        )  # fmt: skip
 
 
 def test_binding_does_not_advance_the_runs_generator():

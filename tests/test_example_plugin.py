@@ -55,6 +55,7 @@ def test_list_shows_the_plugin_with_its_origin(throwaway):
     assert line.endswith("[beatloop-example-plugin]")
     assert "module: beatloop_example_plugin.wgan_gp  plugin: example" in out
     assert "callback epoch_timer: beatloop_example_plugin.timer.EpochTimer" in out
+    assert "environment grid: beatloop_example_plugin.grid.Grid [beatloop-example-plugin]" in out
 
 
 def test_the_live_environment_never_sees_the_plugin(throwaway):
@@ -93,6 +94,18 @@ def test_the_plugins_recipe_resumes_bit_identical(throwaway, tmp_path):
     assert_same_weights(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
     # Epoch 2 trained after the resume: the match is between two trainings.
     assert not same_weights(load_npz(tmp_path / "first.npz"), load_npz(tmp_path / "resumed.npz"))
+
+
+def test_the_plugins_environment_trains_the_built_in_dqn(throwaway, tmp_path):
+    out = run_python(WORKER, "grid", tmp_path, python=throwaway)
+    record = json.loads(out.splitlines()[-1])
+    assert record["origin"] == "beatloop-example-plugin"
+    # The grid walk from corner to corner: the greedy policy finds the way in 2,000 steps.
+    assert record["history"]["greedy_return"][-1] == record["optimal_return"] == 1.0
+    import beatloop
+
+    with pytest.raises(beatloop.ConfigError, match="no environment 'grid'"):
+        beatloop.make_recipe("dqn", {"env": "grid"})  # the live environment lacks it
 
 
 def test_uninstalling_removes_it(throwaway):

@@ -16,7 +16,16 @@ import beatloop.plugins.registry as registry_module
 from beatloop import listing
 from beatloop.cli import main
 
-BUILT_IN = ["gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
+BUILT_IN = [
+    "contrastive",
+    "dqn",
+    "gan",
+    "meta",
+    "multitask",
+    "risk_weighted",
+    "style_transfer",
+    "supervised",
+]
 
 
 @pytest.fixture
@@ -49,15 +58,16 @@ def test_a_miss_writes_the_cache_and_a_hit_prints_from_it(cache, capsys):
     data = json.loads(path.read_text())
     assert data["key"] == listing.cache_key()
     assert [recipe["name"] for recipe in data["listing"]["recipes"]] == BUILT_IN
-    gan = data["listing"]["recipes"][0]["description"]
+    at = BUILT_IN.index("gan")
+    gan = data["listing"]["recipes"][at]["description"]
     assert gan.startswith("Generative adversarial network")
     # What a hit prints comes from the file: a description changed there shows.
-    data["listing"]["recipes"][0]["description"] = "read from the cache"
+    data["listing"]["recipes"][at]["description"] = "read from the cache"
     path.write_text(json.dumps(data))
     assert listed(capsys) == computed.replace(gan, "read from the cache")
     # --refresh loads the plugins again and rewrites the file.
     assert listed(capsys, "--refresh") == computed
-    assert json.loads(path.read_text())["listing"]["recipes"][0]["description"] == gan
+    assert json.loads(path.read_text())["listing"]["recipes"][at]["description"] == gan
 
 
 def test_a_changed_key_recomputes(cache, capsys):

@@ -57,7 +57,16 @@ def install_plugin(tmp_path, monkeypatch):
 
 def test_builtin_recipes_by_name():
     builtin = Registry(load_entry_points=False)
-    names = ["gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
+    names = [
+        "contrastive",
+        "dqn",
+        "gan",
+        "meta",
+        "multitask",
+        "risk_weighted",
+        "style_transfer",
+        "supervised",
+    ]
     assert sorted(builtin.recipes) == names
     assert {builtin.recipe(name).origin for name in builtin.recipes} == {"built-in"}
     assert beatloop.recipes() == sorted(beatloop.recipes())
@@ -297,7 +306,7 @@ def test_list_verbose_shows_failed_plugins(install_plugin, capsys):
         "beatloop: warning: beatloop plugin 'bl_test_broken' (bl-broken) was not loaded: "
         "import failed: ImportError: missing dependency xyz\n"
     )
-    assert "\nsupervised  " in out and out.startswith("gan  ")
+    assert "\nsupervised  " in out and out.startswith("contrastive  ")
 
 
 def test_a_recipe_registered_in_a_script_or_module_is_named_by_where(monkeypatch, small_digits):

@@ -15,7 +15,8 @@ def add_command(commands) -> None:
         commands,
         NAME,
         help="registered recipes and where they come from (-v: modules, plugins, callbacks, "
-        "data sources, failures); read from a cache while nothing installed has changed",
+        "data sources, environments, failures); read from a cache while nothing installed "
+        "has changed",
     ).add_argument(
         "--refresh",
         action="store_true",

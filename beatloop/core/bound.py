@@ -155,7 +155,7 @@ class BoundGroup:
             tapes = [stack.enter_context(tf.GradientTape()) for _ in self.beats]
             losses, outputs = self.losses(models, batch, random=random, state=state)
             scaled = [
-                beat.optimizer.scale_loss(loss if weight is None else loss * weight)
+                beat.optimizer.scale_loss(loss if weight is None else weighted(loss, weight))
                 for beat, loss in zip(self.beats, losses, strict=True)
             ]
         gradients = [
@@ -163,6 +163,12 @@ class BoundGroup:
             for tape, loss, beat in zip(tapes, scaled, self.beats, strict=True)
         ]
         return losses, outputs, gradients
+
+
+def weighted(loss: tf.Tensor, weight: tf.Tensor) -> tf.Tensor:
+    """A replica's loss times its share; zero on a replica with no rows (the last,
+    short batch), whose mean over no examples is NaN and must not reach the sum."""
+    return tf.math.multiply_no_nan(loss, tf.cast(weight, loss.dtype))
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
-from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate
+from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, weighted
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -137,12 +137,15 @@ class TrainStep:
         return outputs, tf.stack(rows)
 
     def _checked_loss(self, loss: tf.Tensor, weight) -> tf.Tensor:
-        """A loss as the checks take it: as it is, or on a replica with the divergence
-        guard on, weighted by the replica's share (the checks' sum over replicas is then
-        the global batch's loss, which the guard compares)."""
-        if weight is None or self.divergence is None:
+        """A loss as the checks take it: as it is (zero on a replica with no rows), or on
+        a replica with the divergence guard on, weighted by the replica's share (the
+        checks' sum over replicas is then the global batch's loss, which the guard
+        compares)."""
+        if weight is None:
             return loss
-        return loss * tf.cast(weight, loss.dtype)
+        if self.divergence is None:  # a replica with no rows has no loss to check
+            return tf.math.multiply_no_nan(loss, tf.sign(tf.cast(weight, loss.dtype)))
+        return weighted(loss, weight)
 
 
 def check_gradients(beat: BoundBeat, grads) -> None:

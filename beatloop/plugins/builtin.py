@@ -1,5 +1,5 @@
-"""The built-in recipes, callbacks and data sources, registered through the same hooks as
-plugins."""
+"""The built-in recipes, callbacks, data sources and environments, registered through
+the same hooks as plugins."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from beatloop.plugins.hookspecs import hookimpl
 
 @hookimpl
 def register_recipes() -> list[type]:
+    from beatloop.recipes.contrastive import Contrastive
+    from beatloop.recipes.dqn import Dqn
     from beatloop.recipes.gan import Gan
     from beatloop.recipes.meta import Meta
     from beatloop.recipes.multitask import Multitask
@@ -15,7 +17,7 @@ def register_recipes() -> list[type]:
     from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Meta]
+    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive, Dqn, Meta]
 
 
 @hookimpl
@@ -37,3 +39,10 @@ def register_data_sources() -> list[type]:
     from beatloop.source_kinds import CsvSource, FolderSource, NpzSource
 
     return [FolderSource, CsvSource, NpzSource]
+
+
+@hookimpl
+def register_environments() -> list[type]:
+    from beatloop.environment_kinds import CartPole, Chain
+
+    return [Chain, CartPole]

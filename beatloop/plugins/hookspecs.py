@@ -34,3 +34,9 @@ def register_callbacks() -> list[type]:
 def register_data_sources() -> list[type]:
     """Return DataSource classes (subclasses of ``beatloop.DataSource``, each with a
     ``name``) that ``--data NAME:PATH`` can name."""
+
+
+@hookspec
+def register_environments() -> list[type]:
+    """Return Environment classes (subclasses of ``beatloop.Environment``, each with a
+    ``name``) that a recipe's ``env`` setting can name (the ``dqn`` recipe's)."""

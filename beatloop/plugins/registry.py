@@ -1,5 +1,5 @@
-"""The recipe, callback and data source registry, filled through pluggy from the built-in plugin and
-from every installed package's ``beatloop`` entry points.
+"""The recipe, callback, data source and environment registry, filled through pluggy
+from the built-in plugin and from every installed package's ``beatloop`` entry points.
 
 Nothing loads at import: the registry fills the first time it is asked for a name.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 import pluggy
 
+from beatloop import environments
 from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback
 from beatloop.core.errors import (
@@ -27,6 +28,7 @@ from beatloop.core.errors import (
 )
 from beatloop.core.phases import Phases, schedules_of
 from beatloop.core.recipe import Recipe
+from beatloop.environment_base import Environment
 from beatloop.plugins import builtin, hookspecs
 from beatloop.source_base import DataSource
 
@@ -67,6 +69,11 @@ def check_recipe_class(cls: object, origin: str) -> None:
 def check_source_class(cls: object, origin: str) -> None:
     """Refuse a class that cannot work as a data source, listing every problem at once."""
     _refuse_problems("data source", cls, DataSource, origin, build_config=True)
+
+
+def check_environment_class(cls: object, origin: str) -> None:
+    """Refuse a class that cannot work as an environment, listing every problem at once."""
+    _refuse_problems("environment", cls, Environment, origin, build_config=True)
 
 
 def _refuse_problems(kind: str, cls: object, base: type, origin: str, build_config: bool):
@@ -169,8 +176,8 @@ def _type(value: object) -> str:
 
 
 class Registry:
-    """Recipes, callbacks and data sources by name, with their origins and the plugins
-    that failed."""
+    """Recipes, callbacks, data sources and environments by name, with their origins and
+    the plugins that failed."""
 
     def __init__(self, load_entry_points: bool = True):
         self.manager = pluggy.PluginManager(hookspecs.PROJECT)
@@ -178,6 +185,7 @@ class Registry:
         self.recipes: dict[str, Entry] = {}
         self.callbacks: dict[str, Entry] = {}
         self.sources: dict[str, Entry] = {}
+        self.environments: dict[str, Entry] = {}
         self.failures: list[PluginFailure] = []
         self._origins: dict[str, str] = {}
         self._add_plugin(builtin, "beatloop.builtin", BUILTIN)
@@ -222,6 +230,7 @@ class Registry:
             (self.manager.hook.register_recipes, self.recipes, self._check_recipe),
             (self.manager.hook.register_callbacks, self.callbacks, self._check_callback),
             (self.manager.hook.register_data_sources, self.sources, check_source_class),
+            (self.manager.hook.register_environments, self.environments, check_environment_class),
         ):
             for impl in hook.get_hookimpls():
                 origin = self._origins[impl.plugin_name]
@@ -301,6 +310,30 @@ class Registry:
     def source_names(self) -> list[str]:
         return sorted(self.sources)
 
+    def register_environment(self, cls: type) -> type:
+        """Register an environment class from a script or notebook, without packaging."""
+        module = getattr(cls, "__module__", "?")
+        place = registration_place(module)
+        check_environment_class(cls, f"beatloop.register_environment in {place}")
+        self._add(self.environments, cls, _runtime_origin(module), cls.__module__, runtime=True)
+        return cls
+
+    def environment(self, name: str) -> Entry:
+        """The environment ``name`` (what the ``dqn`` recipe's ``env`` names)."""
+        try:
+            return self.environments[name]
+        except KeyError:
+            failed = "".join(
+                f"; plugin {f.plugin} ({f.origin}) failed to load: {f.error}" for f in self.failures
+            )
+            raise ConfigError(
+                f"no environment {name!r}{did_you_mean(name, self.environments)}; known "
+                f"environments: {', '.join(self.environment_names()) or '(none)'}{failed}"
+            ) from None
+
+    def environment_names(self) -> list[str]:
+        return sorted(self.environments)
+
     def recipe(self, name: str) -> Entry:
         if not isinstance(name, str):
             raise TypeError(f"a recipe name is a string, got {type(name).__name__}")
@@ -360,7 +393,16 @@ def registry() -> Registry:
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = Registry(load_entry_points=not _autoload_disabled())
+    # Recipes find environments through beatloop.environments, which cannot import this
+    # module (the built-in plugin registers a recipe that imports it): hand it the way.
+    environments.use_lookup(_environment_class)
     return _REGISTRY
+
+
+def _environment_class(name: str) -> type | None:
+    """The environment ``name`` of the process-wide registry; ``None`` while it is being
+    built (its recipes' default configs name built-in environments)."""
+    return None if _REGISTRY is None else _REGISTRY.environment(name).cls
 
 
 def loaded_registry() -> Registry | None:
@@ -397,3 +439,8 @@ def register(cls: type[Recipe]) -> type[Recipe]:
 def register_data_source(cls: type[DataSource]) -> type[DataSource]:
     """Register a data source class at run time; usable as a class decorator."""
     return registry().register_source(cls)
+
+
+def register_environment(cls: type[Environment]) -> type[Environment]:
+    """Register an environment class at run time; usable as a class decorator."""
+    return registry().register_environment(cls)

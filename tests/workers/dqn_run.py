@@ -1,6 +1,7 @@
-"""The DQN chain recipe (tests/dqn_chain.py) run in its own process, for the resume
-test: ``python dqn_run.py SPEC_JSON``. It can SIGKILL itself after a given step, and
-writes the final weights and recipe state to an .npz (``model/index``, ``state/name``)."""
+"""The built-in dqn recipe run in its own process, for the resume test
+(tests/test_dqn.py): ``python dqn_run.py SPEC_JSON``. It can SIGKILL itself after a
+given step, and writes the final weights and recipe state to an .npz
+(``model/index``, ``state/name``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 
 import numpy as np
-from dqn_chain import DqnChain
 from helpers import all_weights
 from resumable_run import SignalAt
 
@@ -24,7 +24,8 @@ import beatloop
 def main(spec: dict) -> int:
     kill = [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"], signal.SIGKILL)]
     result = beatloop.fit(
-        DqnChain,
+        "dqn",
+        config=spec.get("config"),
         epochs=spec["epochs"],
         seed=spec["seed"],
         run_dir=spec["run_dir"],

@@ -1,4 +1,5 @@
-"""Runs of the example plugin's ``wgan_gp`` recipe for ``test_example_plugin.py``, in
+"""Runs of the example plugin's ``wgan_gp`` recipe (and of the built-in ``dqn`` on its
+``grid`` environment) for ``test_example_plugin.py``, in
 the throwaway environment the plugin is installed in (the live one lacks it):
 ``python plugin_run.py MODE OUT``. Each mode prints one JSON line last.
 
@@ -8,6 +9,8 @@ callback; prints the history and how often each optimizer applied.
 (a resume), and for 2 epochs uninterrupted in ``OUT/whole``; writes the weights after
 each run to ``OUT/first.npz``, ``OUT/resumed.npz`` and ``OUT/whole.npz`` (keys
 ``model/index``, as ``helpers.all_weights`` names them) and prints what each run did.
+``grid OUT``: 2 epochs of ``dqn`` with ``env=grid``; prints the history and where the
+environment came from.
 """
 
 from __future__ import annotations
@@ -62,6 +65,16 @@ def resume(out: Path) -> dict:
     return runs
 
 
+def grid(out: Path) -> dict:
+    result = beatloop.fit("dqn", config={"env": "grid"}, epochs=2, seed=0, progress=False)
+    entry = registry().environment("grid")
+    return {
+        "history": result.history,
+        "origin": entry.origin,
+        "optimal_return": result.recipe.environment.optimal_return,
+    }
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
-    print(json.dumps({"train": train, "resume": resume}[mode](out)))
+    print(json.dumps({"train": train, "resume": resume, "grid": grid}[mode](out)))

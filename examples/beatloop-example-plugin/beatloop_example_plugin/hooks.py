@@ -15,3 +15,10 @@ def register_callbacks():
     from beatloop_example_plugin.timer import EpochTimer
 
     return [EpochTimer]
+
+
+@beatloop.hookimpl
+def register_environments():
+    from beatloop_example_plugin.grid import Grid
+
+    return [Grid]
