@@ -20,13 +20,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import argparse
-import statistics
+import functools
 import sys
 from pathlib import Path
 
 import keras
-from common import handwritten_epochs, spread, timed_fit
+from common import cross_race, handwritten_epochs, race_arguments, timed_fit
 
 import beatloop
 
@@ -74,34 +73,10 @@ LOOPS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
-    args = parser.parse_args(argv)
-    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
+    args = race_arguments(argv, __doc__.splitlines()[0])
     data = make_data()
-    steps = int(data.cardinality())
-    rates: dict[str, list[float]] = {name: [] for name in LOOPS}
-    names = list(LOOPS)
-    for repeat in range(repeats):
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            rate = steps / min(LOOPS[name](data, epochs)[1:])
-            rates[name].append(rate)
-            print(
-                f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.1f} steps/s", file=sys.stderr
-            )
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"\nMAML steps/s ({steps} steps/epoch), median of {repeats} repeat(s)")
-    for name, value in median.items():
-        print(f"{name:<44} {value:10,.1f}  {spread(rates[name])}")
-    print(f"\n{'ratio':<56} {'value':>8}  target")
-    for ours in names[:2]:
-        for theirs in names[2:]:
-            ratio = median[ours] / median[theirs]
-            verdict = "ok" if ratio >= TARGET else "--"
-            label = f"{ours.removeprefix('beatloop meta, ')} / {theirs}"
-            print(f"{label:<56} {ratio:7.2f}x  >= {TARGET} {verdict}")
+    loops = {name: functools.partial(loop, data) for name, loop in LOOPS.items()}
+    cross_race(loops, int(data.cardinality()), args.repeats, args.epochs, "MAML", TARGET)
     return 0
 
 
