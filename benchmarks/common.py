@@ -118,17 +118,61 @@ def handwritten_epochs(step, data, metrics, epochs: int, steps_per_call: int | N
     return times
 
 
-def race(loops: dict, steps: int, repeats: int, epochs: int, log) -> dict[str, float]:
-    """Steps/s of each loop (its fastest epoch after the first), median over repeats
-    whose order rotates so machine noise spreads evenly."""
+def race_rates(loops: dict, steps: int, repeats: int, epochs: int, log) -> dict[str, list]:
+    """Steps/s of each loop (its fastest epoch after the first) in every repeat; the
+    repeats' order rotates so machine noise spreads evenly."""
     rates: dict[str, list[float]] = {name: [] for name in loops}
     names = list(loops)
     for repeat in range(repeats):
         for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
             rate = steps / min(loops[name](epochs)[1:])
             rates[name].append(rate)
-            log(f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.0f} steps/s")
+            log(f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.1f} steps/s")
+    return rates
+
+
+def race(loops: dict, steps: int, repeats: int, epochs: int, log) -> dict[str, float]:
+    """Steps/s of each loop (its fastest epoch after the first), median over repeats."""
+    rates = race_rates(loops, steps, repeats, epochs, log)
     return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def race_arguments(argv, description: str, add=None):
+    """A race's command line, parsed: ``repeats`` and ``epochs`` (``--quick``: 1 repeat
+    of 2 epochs); ``add(parser)`` adds a benchmark's own options."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
+    if add is not None:
+        add(parser)
+    args = parser.parse_args(argv)
+    args.repeats, args.epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
+    return args
+
+
+def cross_race(loops: dict, steps: int, repeats: int, epochs: int, what: str, target: float):
+    """Race ``loops`` (``loop(epochs) -> epoch times``; the first two beatloop's, the
+    others hand-written) and print each one's median steps/s with its spread, then every
+    beatloop / hand-written ratio against the target. Returns the medians."""
+    import sys
+
+    rates = race_rates(loops, steps, repeats, epochs, lambda line: print(line, file=sys.stderr))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    print(f"\n{what} steps/s ({steps} steps/epoch), median of {repeats} repeat(s)")
+    for name, value in median.items():
+        print(f"{name:<44} {value:10,.1f}  {spread(rates[name])}")
+    names = list(loops)
+    pairs = [(ours, theirs) for ours in names[:2] for theirs in names[2:]]
+    width = max(len(f"{ours} / {theirs}") for ours, theirs in pairs)
+    print(f"\n{'ratio':<{width}} {'value':>8}  target")
+    for ours, theirs in pairs:
+        ratio = median[ours] / median[theirs]
+        verdict = "ok" if ratio >= target else "--"
+        print(f"{ours + ' / ' + theirs:<{width}} {ratio:7.2f}x  >= {target} {verdict}")
+    return median
 
 
 def print_race(title: str, median: dict[str, float], pairs: list, target: float) -> None:

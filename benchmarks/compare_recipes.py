@@ -22,6 +22,10 @@ ENTRIES = [
     Entry("risk_weighted"),
     Entry("multitask"),
     Entry("multitask", ("schedule=alternating",)),
+    Entry("contrastive"),
+    Entry("contrastive", ("target=ema",)),
+    Entry("meta"),
+    Entry("dqn"),
 ]
 
 

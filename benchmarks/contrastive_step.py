@@ -22,13 +22,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import argparse
-import statistics
+import functools
 import sys
 from pathlib import Path
 
 import keras
-from common import EpochTimer, handwritten_epochs, spread
+from common import EpochTimer, cross_race, handwritten_epochs, race_arguments
 
 import beatloop
 
@@ -68,15 +67,13 @@ def hand_written(steps_per_call: int | None, target: str):
     return run
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
+def add_target(parser) -> None:
     parser.add_argument("--set", default="target=none", help="target=none (SimCLR) or ema")
-    args = parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = race_arguments(argv, __doc__.splitlines()[0], add_target)
     target = args.set.removeprefix("target=")
-    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
     data = make_data()
     loops = {
         "beatloop contrastive, spe=auto": beatloop_fit("auto", target),
@@ -84,24 +81,9 @@ def main(argv=None) -> int:
         "hand-written, one step per call": hand_written(None, target),
         f"hand-written, {MULTI_STEP} steps per call": hand_written(MULTI_STEP, target),
     }
-    steps, names = int(data.cardinality()), list(loops)
-    rates: dict[str, list[float]] = {name: [] for name in loops}
-    for repeat in range(repeats):  # the order rotates, so machine noise spreads evenly
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            rates[name].append(steps / min(loops[name](data, epochs)[1:]))
-            line = f"repeat {repeat + 1}/{repeats}  {name:<40} {rates[name][-1]:8,.0f} steps/s"
-            print(line, file=sys.stderr)
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    what = "BYOL" if target == "ema" else "SimCLR"
-    print(f"\n{what} pretraining steps/s ({steps} steps/epoch), median of {repeats} repeat(s)")
-    for name, value in median.items():
-        print(f"{name:<44} {value:10,.0f}  {spread(rates[name])}")
-    print(f"\n{'ratio':<56} {'value':>8}  target")
-    for ours in names[:2]:
-        for theirs in names[2:]:
-            ratio = median[ours] / median[theirs]
-            label = f"{ours.removeprefix('beatloop contrastive, ')} / {theirs}"
-            print(f"{label:<56} {ratio:7.2f}x  >= {TARGET} {'ok' if ratio >= TARGET else '--'}")
+    loops = {name: functools.partial(loop, data) for name, loop in loops.items()}
+    what = "BYOL pretraining" if target == "ema" else "SimCLR pretraining"
+    cross_race(loops, int(data.cardinality()), args.repeats, args.epochs, what, TARGET)
     return 0
 
 

@@ -21,15 +21,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import keras
 import tensorflow as tf
-from common import spread
+from common import cross_race, race_arguments
 
 import beatloop
 from beatloop.plugins.callbacks import TrainingTimer
@@ -101,32 +99,8 @@ LOOPS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per fit, first dropped")
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 2 epochs")
-    args = parser.parse_args(argv)
-    repeats, epochs = (1, 2) if args.quick else (args.repeats, max(args.epochs, 2))
-    rates: dict[str, list[float]] = {name: [] for name in LOOPS}
-    names = list(LOOPS)
-    for repeat in range(repeats):
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            rate = STEPS / min(LOOPS[name](epochs)[1:])
-            rates[name].append(rate)
-            print(
-                f"repeat {repeat + 1}/{repeats}  {name:<40} {rate:8,.0f} steps/s", file=sys.stderr
-            )
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"\nDQN steps/s ({STEPS} steps/epoch), median of {repeats} repeat(s)")
-    for name, value in median.items():
-        print(f"{name:<44} {value:10,.0f}  {spread(rates[name])}")
-    print(f"\n{'ratio':<56} {'value':>8}  target")
-    for ours in names[:2]:
-        for theirs in names[2:]:
-            ratio = median[ours] / median[theirs]
-            verdict = "ok" if ratio >= TARGET else "--"
-            label = f"{ours.removeprefix('beatloop dqn, ')} / {theirs}"
-            print(f"{label:<56} {ratio:7.2f}x  >= {TARGET} {verdict}")
+    args = race_arguments(argv, __doc__.splitlines()[0])
+    cross_race(LOOPS, STEPS, args.repeats, args.epochs, "DQN", TARGET)
     return 0
 
 

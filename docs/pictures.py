@@ -61,6 +61,22 @@ def random_encoder_probe(config: Mapping[str, Any], probe_epochs: int) -> float:
 
 
 CONTRASTIVE_QUICK = {"hidden": 32, "pretrain_epochs": 1}
+META_QUICK = {"batch_size": 10, "train_tasks": 200, "validation_tasks": 50}
+
+
+def _meta_references(quick: bool) -> dict[str, float]:
+    """The validation tasks' query loss of the task distribution's mean sinusoid: the
+    lowest a learner that does not adapt can expect (``sinusoids.unadapted_floor``)."""
+    import numpy as np
+
+    import beatloop
+    from beatloop.recipes.sinusoids import unadapted_floor
+
+    recipe = beatloop.make_recipe("meta", META_QUICK if quick else {})
+    batches = list(recipe.default_data(SEED).validation.as_numpy_iterator())
+    tasks = {key: np.concatenate([b[key] for b in batches]) for key in ("query_x", "query_y")}
+    return {"best without adapting": unadapted_floor(tasks)}
+
 
 #: Every recipe picture the docs show, by the file name it is drawn into (NAME.png).
 PICTURES: dict[str, Picture] = {
@@ -94,6 +110,15 @@ PICTURES: dict[str, Picture] = {
         },
         quick_epochs=2,
         references=lambda quick: {"optimal return": 1.0},
+    ),
+    "meta": Picture(
+        recipe="meta",
+        figures=("val_query_loss_before", "val_query_loss_after"),
+        title="meta (MAML, second order): held-out tasks' query loss",
+        ylabel="mean squared error",
+        epochs=10,
+        quick_config=META_QUICK,
+        references=_meta_references,
     ),
 }
 

@@ -221,6 +221,8 @@ def test_a_loss_drawing_global_random_numbers_warns_naming_its_beat():
         ("dqn", {}),
         ("contrastive", {}),
         ("contrastive", {"target": "ema"}),
+        ("meta", {}),
+        ("meta", {"order": "first"}),
     ],
 )
 def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):

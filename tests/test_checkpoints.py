@@ -25,6 +25,8 @@ RUNS = {
     "gan": {"config": {"batch_size": 64, "n_critic": 2, "quality_samples": 64}},
     # BYOL: the kill falls in the pretraining, with the EMA targets moving every step
     "contrastive": {"config": {"batch_size": 64, "target": "ema", "pretrain_epochs": 2}},
+    # 92 sinusoid tasks in batches of 4: 23 steps an epoch too.
+    "meta": {"config": {"batch_size": 4, "train_tasks": 92, "validation_tasks": 8}},
 }
 BASE = {"epochs": 2, "seed": 3, "checkpoint_every": 8}
 

@@ -10,13 +10,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers import BUILT_IN_RECIPES as BUILT_IN
 from helpers import python_env
 
 import beatloop.plugins.registry as registry_module
 from beatloop import listing
 from beatloop.cli import main
-
-BUILT_IN = ["contrastive", "dqn", "gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
 
 
 @pytest.fixture

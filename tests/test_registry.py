@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import tensorflow as tf
-from helpers import run_python
+from helpers import BUILT_IN_RECIPES, run_python
 
 import beatloop
 from beatloop import RecipeNotFoundError, RegistrationError
@@ -57,8 +57,7 @@ def install_plugin(tmp_path, monkeypatch):
 
 def test_builtin_recipes_by_name():
     builtin = Registry(load_entry_points=False)
-    names = ["contrastive", "dqn", "gan", "multitask", "risk_weighted", "style_transfer", "supervised"]
-    assert sorted(builtin.recipes) == names
+    assert sorted(builtin.recipes) == BUILT_IN_RECIPES
     assert {builtin.recipe(name).origin for name in builtin.recipes} == {"built-in"}
     assert beatloop.recipes() == sorted(beatloop.recipes())
     assert set(beatloop.recipes()) >= set(builtin.recipes)  # plugins may add more

@@ -296,16 +296,7 @@ class Registry:
 
     def source(self, name: str) -> Entry:
         """The data source kind ``name`` (the ``KIND`` of ``--data KIND:PATH``)."""
-        try:
-            return self.sources[name]
-        except KeyError:
-            failed = "".join(
-                f"; plugin {f.plugin} ({f.origin}) failed to load: {f.error}" for f in self.failures
-            )
-            raise ConfigError(
-                f"no data source kind {name!r}{did_you_mean(name, self.sources)}; known "
-                f"kinds: {', '.join(self.source_names()) or '(none)'}{failed}"
-            ) from None
+        return self._named(self.sources, name, "data source kind", "kinds")
 
     def source_names(self) -> list[str]:
         return sorted(self.sources)
@@ -320,19 +311,24 @@ class Registry:
 
     def environment(self, name: str) -> Entry:
         """The environment ``name`` (what the ``dqn`` recipe's ``env`` names)."""
+        return self._named(self.environments, name, "environment", "environments")
+
+    def environment_names(self) -> list[str]:
+        return sorted(self.environments)
+
+    def _named(self, table: dict[str, Entry], name: str, kind: str, plural: str) -> Entry:
+        """``table[name]``, or a ConfigError naming the known ones (and any plugin that
+        failed to load, which may be where the missing one lives)."""
         try:
-            return self.environments[name]
+            return table[name]
         except KeyError:
             failed = "".join(
                 f"; plugin {f.plugin} ({f.origin}) failed to load: {f.error}" for f in self.failures
             )
             raise ConfigError(
-                f"no environment {name!r}{did_you_mean(name, self.environments)}; known "
-                f"environments: {', '.join(self.environment_names()) or '(none)'}{failed}"
+                f"no {kind} {name!r}{did_you_mean(name, table)}; known "
+                f"{plural}: {', '.join(sorted(table)) or '(none)'}{failed}"
             ) from None
-
-    def environment_names(self) -> list[str]:
-        return sorted(self.environments)
 
     def recipe(self, name: str) -> Entry:
         if not isinstance(name, str):
