@@ -171,6 +171,14 @@ def weighted(loss: tf.Tensor, weight: tf.Tensor) -> tf.Tensor:
     return tf.math.multiply_no_nan(loss, tf.cast(weight, loss.dtype))
 
 
+def on_rows(loss: tf.Tensor, weight: tf.Tensor | None) -> tf.Tensor:
+    """A loss as the figures and checks take it: as it is, but zero on a replica with no
+    rows (``weight``, its share, is 0), where a mean over no examples is NaN."""
+    if weight is None:
+        return loss
+    return tf.math.multiply_no_nan(loss, tf.sign(tf.cast(weight, loss.dtype)))
+
+
 @attrs.frozen
 class BoundUpdate:
     """An update or act of the step, bound: ``writes`` are the model variables it owns;

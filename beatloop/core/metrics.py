@@ -34,7 +34,7 @@ class LastValue(keras.metrics.Metric):
 
     def take(self, value, weight) -> None:
         """``update_state`` for a value and weight already in the metric's dtype."""
-        self.total.assign(tf.math.multiply_no_nan(value, weight))
+        self.total.assign(value * weight)
         self.count.assign(weight)
 
     def result(self):
@@ -100,7 +100,7 @@ class StepMetrics:
             return
         value = tf.cast(loss, mean.dtype)
         weight = tf.cast(size, mean.dtype)
-        mean.total.assign_add(tf.math.multiply_no_nan(value, weight))  # no rows: adds 0
+        mean.total.assign_add(value * weight)
         mean.count.assign_add(weight)
         if self.last:
             self.last[beat_name].take(value, weight)

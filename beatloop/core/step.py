@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
-from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, weighted
+from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -132,7 +132,7 @@ class TrainStep:
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 if group.combine is None:
                     apply_update(beat, grads)
-                self.metrics.update_loss(beat.name, loss, size)
+                self.metrics.update_loss(beat.name, on_rows(loss, weight), size)
         rows = [beat_checks(losses[b.name], squares[b.name]) for b in group.beats]
         return outputs, tf.stack(rows)
 
@@ -141,10 +141,8 @@ class TrainStep:
         a replica with the divergence guard on, weighted by the replica's share (the
         checks' sum over replicas is then the global batch's loss, which the guard
         compares)."""
-        if weight is None:
-            return loss
-        if self.divergence is None:  # a replica with no rows has no loss to check
-            return tf.math.multiply_no_nan(loss, tf.sign(tf.cast(weight, loss.dtype)))
+        if weight is None or self.divergence is None:
+            return on_rows(loss, weight)
         return weighted(loss, weight)
 
 
@@ -183,7 +181,8 @@ class ValidationStep:
 
     def on_replica(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
-        _, random = replica_view(self.strategy, self.random, size)
+        share, random = replica_view(self.strategy, self.random, size)
+        weight = None if share is None else share.weight
         outputs = {}
         for group in self.bound.groups:
             losses, group_outputs = group.losses(
@@ -191,6 +190,6 @@ class ValidationStep:
             )
             outputs.update(group_outputs)
             for beat, loss in zip(group.beats, losses, strict=True):
-                self.metrics.update_loss(beat.name, loss, size)
+                self.metrics.update_loss(beat.name, on_rows(loss, weight), size)
         call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return no_checks(0), size
