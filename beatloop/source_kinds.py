@@ -1,12 +1,11 @@
-"""The built-in data source kinds: ``folder`` (images), ``csv`` and ``npz``, and
+"""The built-in in-memory data source kinds: ``folder`` (images) and ``npz``, and
 ``split_arrays``, which makes arrays into a ``DataSplit`` for them and for plugins'
-kinds. Registered by the built-in plugin; named on the command line through
-``beatloop.sources``.
+kinds (the streamed ``csv`` kind is ``beatloop.csv_source``). Registered by the
+built-in plugin; named on the command line through ``beatloop.sources``.
 """
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -149,93 +148,6 @@ def _is_image_file(path: Path) -> bool:
 
 
 @attrs.frozen
-class CsvConfig(SourceConfig):
-    """``label``: the column that becomes ``y`` (none by default); ``keys``: columns that
-    become batch keys of their own name (e.g. ``risk``); ``features``: the columns
-    gathered into ``x`` (by default every other column); ``delimiter``: the separator."""
-
-    label: str | None = None
-    keys: tuple[str, ...] = ()
-    features: tuple[str, ...] = ()
-    delimiter: str = ","
-
-
-class CsvSource(DataSource):
-    """A CSV file with a header row of column names: batches {x} (float32, (n, features)),
-    plus y (the label column) and any columns named in keys."""
-
-    name = "csv"
-    Config = CsvConfig
-
-    def load(self, seed: int, batch_size: int) -> DataSplit:
-        columns = self._columns()
-        config = self.config
-        named = ([config.label] if config.label is not None else []) + list(config.keys)
-        absent = [name for name in [*named, *config.features] if name not in columns]
-        if absent:
-            raise DataError(
-                f"data source {self.label!r}: the CSV has no column(s) {absent}; its columns: "
-                f"{list(columns)}"
-            )
-        features = list(config.features) or [name for name in columns if name not in named]
-        if not features:
-            raise DataError(
-                f"data source {self.label!r}: no columns are left for 'x' (every column is "
-                "the label or a key)"
-            )
-        arrays = {"x": np.stack([columns[name] for name in features], axis=1)}
-        arrays["x"] = arrays["x"].astype(np.float32)
-        if config.label is not None:
-            arrays["y"] = _narrowest(columns[config.label])
-        for name in config.keys:
-            arrays[name] = _narrowest(columns[name])
-        return split_arrays(arrays, config, seed, batch_size, self.label)
-
-    def _columns(self) -> dict[str, np.ndarray]:
-        path = Path(self.path)
-        if not path.is_file():
-            what = "a folder, not a file" if path.is_dir() else "not there"
-            raise DataError(f"data source {self.label!r}: {self.path!r} is {what}")
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.reader(handle, delimiter=self.config.delimiter))
-        rows = [row for row in rows if row]
-        if len(rows) < 2:
-            raise DataError(
-                f"data source {self.label!r}: the CSV needs a header row and at least one row "
-                f"of values; it has {len(rows)} row(s)"
-            )
-        header = [name.strip() for name in rows[0]]
-        values = np.empty((len(rows) - 1, len(header)), dtype=np.float64)
-        for number, row in enumerate(rows[1:], start=2):
-            if len(row) != len(header):
-                raise DataError(
-                    f"data source {self.label!r}: line {number} has {len(row)} values, the "
-                    f"header {len(header)} columns"
-                )
-            for index, text in enumerate(row):
-                try:
-                    values[number - 2, index] = float(text)
-                except ValueError:
-                    raise DataError(
-                        f"data source {self.label!r}: line {number}, column "
-                        f"{header[index]!r} holds {text!r}, not a number"
-                    ) from None
-        return {name: values[:, index] for index, name in enumerate(header)}
-
-    def hint(self, missing: Sequence[str]) -> str:
-        if "y" in missing:
-            return "; name the label column: --data-set label=COLUMN"
-        return f"; name the columns: --data-set keys={','.join(missing)}"
-
-
-def _narrowest(column: np.ndarray) -> np.ndarray:
-    """A column as int32 when every value is a whole number, else float32."""
-    if np.all(np.isfinite(column)) and np.all(column == np.round(column)):
-        return column.astype(np.int32)
-    return column.astype(np.float32)
-
-
-@attrs.frozen
 class NpzConfig(SourceConfig):
     """``keys``: the arrays to use (by default every array in the file)."""
 
@@ -277,6 +189,16 @@ class NpzSource(DataSource):
             for name, value in arrays.items()
         }
         return split_arrays(arrays, self.config, seed, batch_size, self.label)
+
+
+def __getattr__(name: str) -> Any:
+    """``CsvSource`` and ``CsvConfig``, which moved to ``beatloop.csv_source``, still
+    importable from here (imported only when asked for: that module imports TensorFlow)."""
+    if name in ("CsvSource", "CsvConfig"):
+        from beatloop import csv_source
+
+        return getattr(csv_source, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- shared: arrays into a split --------------------------------------------------------

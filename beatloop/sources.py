@@ -2,10 +2,11 @@
 dict batches: the source named, its parameters read, its batches checked against the
 recipe.
 
-A source kind is a registered class (``beatloop.source_base.DataSource``; built-ins in
-``beatloop.source_kinds``: ``folder``, ``csv``, ``npz``; plugins add more through the
-``register_data_sources`` hook) with a ``name``, an attrs ``Config`` of its parameters
-(set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)`` method.
+A source kind is a registered class (``beatloop.source_base.DataSource``; built-ins:
+``folder`` and ``npz`` in ``beatloop.source_kinds``, the streamed ``csv`` in
+``beatloop.csv_source``; plugins add more through the ``register_data_sources`` hook)
+with a ``name``, an attrs ``Config`` of its parameters (set with ``--data-set
+NAME=VALUE``) and a ``load(seed, batch_size)`` method.
 ``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call. The base
 class, the built-in kinds and ``split_arrays`` are also importable from here.
 """
@@ -22,9 +23,10 @@ import attrs
 from beatloop.core.batches import DataSplit
 from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, DataError
+from beatloop.csv_source import CsvSource
 from beatloop.ignored_settings import changed_settings, warn
 from beatloop.source_base import DataSource, SourceConfig
-from beatloop.source_kinds import CsvSource, FolderSource, NpzSource, split_arrays
+from beatloop.source_kinds import FolderSource, NpzSource, split_arrays
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -36,7 +36,8 @@ def register_callbacks() -> list[type]:
 
 @hookimpl
 def register_data_sources() -> list[type]:
-    from beatloop.source_kinds import CsvSource, FolderSource, NpzSource
+    from beatloop.csv_source import CsvSource
+    from beatloop.source_kinds import FolderSource, NpzSource
 
     return [FolderSource, CsvSource, NpzSource]
 

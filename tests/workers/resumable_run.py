@@ -1,7 +1,8 @@
 """A training run for the resume tests, in its own process: ``python resumable_run.py
 SPEC_JSON``. It can SIGKILL itself after a given step (a real crash, mid-epoch, at a
 moment the test chooses) or fill its disk, and writes the final weights to an .npz
-(keys ``model/index``, as ``helpers.all_weights`` names them)."""
+(keys ``model/index``, as ``helpers.all_weights`` names them). The spec's ``data`` and
+``data_set`` name a data source as ``--data`` and ``--data-set`` do."""
 
 from __future__ import annotations
 
@@ -52,10 +53,16 @@ def main(spec: dict) -> int:
         callbacks.append(SignalAt(spec["kill_at"], signal.SIGKILL))
     if spec.get("full_disk_at") is not None:
         callbacks.append(FileSizeLimitAt(spec["full_disk_at"], 1024))
+    data = None
+    if spec.get("data") is not None:  # what ``run --data KIND:PATH --data-set ...`` passes
+        from beatloop.sources import NamedData
+
+        data = NamedData(spec["data"], tuple(spec.get("data_set", ())))
     try:
         result = beatloop.fit(
             spec["recipe"],
             config=spec.get("config"),
+            data=data,
             epochs=spec["epochs"],
             seed=spec.get("seed"),
             run_dir=spec["run_dir"],

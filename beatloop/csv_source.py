@@ -1,0 +1,261 @@
+"""The ``csv`` data source, streamed: the file is read through ``tf.data`` a batch of lines
+at a time, never whole.
+
+Loading scans the file once, in C++ and in large batches: it counts the data rows (the
+pipeline's cardinality), checks every row parses, and finds which columns hold only whole
+numbers (those become int32). Training then reads the lines again each pass, through
+``beatloop.source_stream`` (hold-out by the seed's permutation of row indexes, bounded
+shuffle, batches parsed with ``tf.io.decode_csv``). A file that does not parse is read
+again in Python, only on that error path, to name the line and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from beatloop.core.batches import DataSplit
+from beatloop.core.errors import DataError
+from beatloop.source_base import DataSource
+from beatloop.source_stream import StreamConfig
+
+#: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.
+_SCAN_VALUES = 2**20
+#: The whole numbers a column may hold and still become int32.
+_INT32_MAX = 2**31 - 1
+
+
+def _delimiter(instance, attribute, value) -> None:
+    if len(value) != 1 or value in '"\r\n':
+        raise ValueError(f"delimiter must be one character (not a quote or newline), got {value!r}")
+
+
+@attrs.frozen
+class CsvConfig(StreamConfig):
+    """``label``: the column that becomes ``y`` (none by default); ``keys``: columns that
+    become batch keys of their own name (e.g. ``risk``); ``features``: the columns
+    gathered into ``x`` (by default every other column); ``delimiter``: the separator;
+    ``shuffle_buffer``: how many rows the training shuffle draws from (the file is
+    streamed: memory is bounded by it; a buffer at least as large as the file shuffles it
+    uniformly)."""
+
+    label: str | None = None
+    keys: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    delimiter: str = attrs.field(default=",", validator=_delimiter)
+
+
+@attrs.frozen
+class CsvLayout:
+    """What the load-time scan found: the header's column names, the number of data rows,
+    and per column whether every value is a whole number (in int32's range)."""
+
+    header: tuple[str, ...]
+    count: int
+    whole: tuple[bool, ...]
+
+
+class CsvSource(DataSource):
+    """A CSV file with a header row of column names, streamed: batches {x} (float32, (n,
+    features)), plus y (the label column) and any columns named in keys."""
+
+    name = "csv"
+    Config = CsvConfig
+
+    def load(self, seed: int, batch_size: int) -> DataSplit:
+        from beatloop.source_stream import stream_split
+
+        header = self._header()
+        features = self._features(header)
+        layout = self._scan(header)
+        if layout.count == 0:
+            raise DataError(
+                f"data source {self.label!r}: the CSV needs a header row and at least one row "
+                "of values; it has 1 row(s)"
+            )
+        parse = self._parser(layout, features)
+        split = stream_split(
+            self._records(), layout.count, parse, self.config, seed, batch_size, self.label
+        )
+        return DataSplit(_sharded_by_data(split.train), _sharded_by_data(split.validation))
+
+    def hint(self, missing: Sequence[str]) -> str:
+        if "y" in missing:
+            return "; name the label column: --data-set label=COLUMN"
+        return f"; name the columns: --data-set keys={','.join(missing)}"
+
+    # --- the header and the columns ------------------------------------------------------
+
+    def _header(self) -> tuple[str, ...]:
+        """The first non-blank row's column names (read in Python: one line)."""
+        path = Path(self.path)
+        if not path.is_file():
+            what = "a folder, not a file" if path.is_dir() else "not there"
+            raise DataError(f"data source {self.label!r}: {self.path!r} is {what}")
+        try:
+            with path.open(newline="", encoding="utf-8") as handle:
+                rows = csv.reader(handle, delimiter=self.config.delimiter)
+                row = next((row for row in rows if row), None)
+        except UnicodeDecodeError as error:
+            raise DataError(
+                f"data source {self.label!r}: the file is not UTF-8 text ({error.reason} at "
+                f"byte {error.start}); save the CSV as UTF-8"
+            ) from None
+        if row is None:
+            raise DataError(
+                f"data source {self.label!r}: the CSV needs a header row and at least one row "
+                "of values; it has 0 row(s)"
+            )
+        return tuple(name.strip() for name in row)
+
+    def _features(self, header: Sequence[str]) -> list[str]:
+        """The columns gathered into ``x``; every column named must exist."""
+        config = self.config
+        named = ([config.label] if config.label is not None else []) + list(config.keys)
+        absent = [name for name in [*named, *config.features] if name not in header]
+        if absent:
+            raise DataError(
+                f"data source {self.label!r}: the CSV has no column(s) {absent}; its columns: "
+                f"{list(header)}"
+            )
+        features = list(config.features) or [name for name in header if name not in named]
+        if not features:
+            raise DataError(
+                f"data source {self.label!r}: no columns are left for 'x' (every column is "
+                "the label or a key)"
+            )
+        return features
+
+    # --- the streamed pipeline -----------------------------------------------------------
+
+    def _lines(self):
+        """The data rows' lines in file order: blank lines dropped, the header skipped."""
+        import tensorflow as tf
+
+        lines = tf.data.TextLineDataset(self.path)
+        return lines.filter(lambda line: tf.strings.length(line) > 0).skip(1)
+
+    def _records(self):
+        """``(index, line)`` pairs, ``index`` the data row's position in the file."""
+        return self._lines().enumerate()
+
+    def _decode(self, lines, columns: int, select: Sequence[int] | None = None):
+        """The columns (all, or those in ``select``) of a batch of lines, as float64 (so
+        each value rounds as Python's ``float`` does)."""
+        import tensorflow as tf
+
+        wanted = columns if select is None else len(select)
+        return tf.io.decode_csv(
+            lines,
+            record_defaults=[tf.constant([], tf.float64)] * wanted,
+            field_delim=self.config.delimiter,
+            select_cols=None if select is None else list(select),
+        )
+
+    def _parser(self, layout: CsvLayout, features: Sequence[str]):
+        """``parse(lines) -> batch``: x the feature columns stacked as float32; y and the
+        keys int32 when their column is all whole numbers, else float32."""
+        import tensorflow as tf
+
+        config, header = self.config, list(layout.header)
+        keys = ([("y", config.label)] if config.label is not None else []) + [
+            (name, name) for name in config.keys
+        ]
+        used = sorted({header.index(name) for name in [*features, *(c for _, c in keys)]})
+        place = {header[column]: position for position, column in enumerate(used)}
+
+        def parse(lines):
+            values = self._decode(lines, len(header), used)
+            batch = {"x": tf.cast(tf.stack([values[place[n]] for n in features], 1), tf.float32)}
+            for key, name in keys:
+                whole = layout.whole[header.index(name)]
+                batch[key] = tf.cast(values[place[name]], tf.int32 if whole else tf.float32)
+            return batch
+
+        return parse
+
+    # --- the scan and its errors ---------------------------------------------------------
+
+    def _scan(self, header: tuple[str, ...]) -> CsvLayout:
+        """Every data row decoded once, in big batches: their count and which columns
+        are whole numbers; a ``DataError`` naming the first bad line otherwise."""
+        import tensorflow as tf
+
+        columns = len(header)
+
+        def summary(lines):
+            values = tf.stack(self._decode(lines, columns), axis=1)
+            whole = tf.math.is_finite(values) & tf.equal(values, tf.round(values))
+            whole &= tf.abs(values) <= _INT32_MAX
+            return tf.size(lines, tf.int64), tf.reduce_all(whole, axis=0)
+
+        batches = self._lines().batch(max(64, _SCAN_VALUES // columns))
+        batches = batches.map(summary, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        start = (tf.constant(0, tf.int64), tf.ones([columns], tf.bool))
+        try:
+            count, whole = batches.reduce(start, lambda a, b: (a[0] + b[0], a[1] & b[1]))
+        except tf.errors.InvalidArgumentError as error:
+            raise self._bad_line(header, error) from None
+        return CsvLayout(header, int(count), tuple(bool(w) for w in whole.numpy()))
+
+    def _bad_line(self, header: Sequence[str], error: Exception) -> DataError:
+        """The ``DataError`` naming the first line (1-based, in the file) that has the
+        wrong number of values or a value that is not a number, found by reading the file
+        again in Python: only on this error path."""
+        with Path(self.path).open(newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle, delimiter=self.config.delimiter)
+            rows = (row for row in reader if row)
+            next(rows)  # the header
+            for row in rows:
+                line = reader.line_num
+                if len(row) != len(header):
+                    return DataError(
+                        f"data source {self.label!r}: line {line} has {len(row)} values, the "
+                        f"header {len(header)} columns"
+                    )
+                for name, text in zip(header, row, strict=True):
+                    if not _is_number(text):
+                        return DataError(
+                            f"data source {self.label!r}: line {line}, column {name!r} holds "
+                            f"{text!r}, not a number"
+                        )
+        return DataError(
+            f"data source {self.label!r}: a line does not parse as {len(header)} numbers "
+            f"({_reason(error)}); every row needs one number per column"
+        )
+
+
+def _is_number(text: str) -> bool:
+    """Whether ``tf.io.decode_csv`` reads ``text`` as a float64 (as Python's ``float``
+    does, but for digit separators, which it refuses, and hexadecimal, which it reads)."""
+    if "_" in text:
+        return False
+    for read in (float, float.fromhex):
+        try:
+            read(text)
+            return True
+        except ValueError:
+            pass
+    return False
+
+
+def _reason(error: Exception) -> str:
+    """TensorFlow's words for a failed decode, without the function and op names."""
+    text = " ".join((getattr(error, "message", None) or str(error)).split())
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", re.sub(r"\{\{[^}]*\}\}\s*", "", text))
+
+
+def _sharded_by_data(dataset):
+    """``dataset`` sharded by example under a multi-worker strategy (one file: sharding
+    by file would leave every worker but one without data)."""
+    import tensorflow as tf
+
+    if dataset is None:
+        return None
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
