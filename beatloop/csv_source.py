@@ -24,7 +24,7 @@ from beatloop.source_base import DataSource
 from beatloop.source_stream import StreamConfig
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.
-_SCAN_VALUES = 2**20
+_SCAN_VALUES = 2**18
 #: File lines read and masked at a time when streaming the data rows.
 _CHUNK_LINES = 4096
 #: The whole numbers a column may hold and still become int32.
@@ -199,11 +199,13 @@ class CsvSource(DataSource):
 
         columns = len(header.names)
 
+        def whole(values):
+            fits = tf.math.is_finite(values) & (tf.abs(values) <= _INT32_MAX)
+            return tf.reduce_all(fits & tf.equal(values, tf.round(values)))
+
         def summary(lines):
-            values = tf.stack(self._decode(lines, columns), axis=1)
-            whole = tf.math.is_finite(values) & tf.equal(values, tf.round(values))
-            whole &= tf.abs(values) <= _INT32_MAX
-            return tf.size(lines, tf.int64), tf.reduce_all(whole, axis=0)
+            values = self._decode(lines, columns)
+            return tf.size(lines, tf.int64), tf.stack([whole(column) for column in values])
 
         batches = self._chunks(header, max(64, _SCAN_VALUES // columns))
         batches = batches.map(summary, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
