@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import tensorflow as tf
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import DataError
 from beatloop.source_base import DataSource
-from beatloop.source_stream import StreamConfig
+from beatloop.source_stream import StreamConfig, stream_split
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.
 _SCAN_VALUES = 2**18
@@ -78,8 +79,6 @@ class CsvSource(DataSource):
     Config = CsvConfig
 
     def load(self, seed: int, batch_size: int) -> DataSplit:
-        from beatloop.source_stream import stream_split
-
         header = self._header()
         features = self._features(header.names)
         layout = self._scan(header)
@@ -146,8 +145,6 @@ class CsvSource(DataSource):
     def _chunks(self, header: CsvHeader, rows: int):
         """The data rows' lines in file order, ``rows`` lines of the file at a time, blank
         lines dropped (each chunk masked at once: a per-line filter is many times slower)."""
-        import tensorflow as tf
-
         lines = tf.data.TextLineDataset(self.path).skip(header.line).batch(rows)
         return lines.map(lambda chunk: tf.boolean_mask(chunk, tf.strings.length(chunk) > 0))
 
@@ -158,8 +155,6 @@ class CsvSource(DataSource):
     def _decode(self, lines, columns: int, select: Sequence[int] | None = None):
         """The columns (all, or those in ``select``) of a batch of lines, as float64 (so
         each value rounds as Python's ``float`` does)."""
-        import tensorflow as tf
-
         wanted = columns if select is None else len(select)
         return tf.io.decode_csv(
             lines,
@@ -171,8 +166,6 @@ class CsvSource(DataSource):
     def _parser(self, layout: CsvLayout, features: Sequence[str]):
         """``parse(lines) -> batch``: x the feature columns stacked as float32; y and the
         keys int32 when their column is all whole numbers, else float32."""
-        import tensorflow as tf
-
         config, header = self.config, list(layout.header.names)
         keys = ([("y", config.label)] if config.label is not None else []) + [
             (name, name) for name in config.keys
@@ -195,8 +188,6 @@ class CsvSource(DataSource):
     def _scan(self, header: CsvHeader) -> CsvLayout:
         """Every data row decoded once, in big batches: their count and which columns
         are whole numbers; a ``DataError`` naming the first bad line otherwise."""
-        import tensorflow as tf
-
         columns = len(header.names)
 
         def whole(values):
@@ -220,7 +211,7 @@ class CsvSource(DataSource):
         """The ``DataError`` naming the first line (1-based, in the file) that has the
         wrong number of values or a value that is not a number, found by reading the file
         again in Python: only on this error path."""
-        with Path(self.path).open(newline="", encoding="utf-8") as handle:
+        with Path(self.path).open(newline="", encoding="utf-8", errors="replace") as handle:
             reader = csv.reader(handle, delimiter=self.config.delimiter)
             rows = (row for row in reader if row)
             next(rows)  # the header
@@ -266,8 +257,6 @@ def _reason(error: Exception) -> str:
 def _sharded_by_data(dataset):
     """``dataset`` sharded by example under a multi-worker strategy (one file: sharding
     by file would leave every worker but one without data)."""
-    import tensorflow as tf
-
     if dataset is None:
         return None
     options = tf.data.Options()

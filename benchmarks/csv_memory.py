@@ -89,7 +89,9 @@ def write_csv(path: Path, rows: int) -> None:
 def run_child(mode: str, path: Path, batch_size: int) -> dict:
     command = [sys.executable, __file__, "--child", mode, str(path)]
     command += ["--batch-size", str(batch_size)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's beatloop, in the child
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{mode} {path.name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
