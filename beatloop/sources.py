@@ -3,7 +3,8 @@ dict batches: the source named, its parameters read, its batches checked against
 recipe.
 
 A source kind is a registered class (``beatloop.source_base.DataSource``; built-ins in
-``beatloop.source_kinds``: ``folder``, ``csv``, ``npz``; plugins add more through the
+``beatloop.source_kinds``: ``folder``, ``csv``, ``npz``, and ``tfrecord`` in
+``beatloop.tfrecord_source``; plugins add more through the
 ``register_data_sources`` hook) with a ``name``, an attrs ``Config`` of its parameters
 (set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)`` method.
 ``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call. The base
@@ -25,6 +26,7 @@ from beatloop.core.errors import ConfigError, DataError
 from beatloop.ignored_settings import changed_settings, warn
 from beatloop.source_base import DataSource, SourceConfig
 from beatloop.source_kinds import CsvSource, FolderSource, NpzSource, split_arrays
+from beatloop.tfrecord_source import TfrecordSource
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -37,6 +39,7 @@ __all__ = [
     "NamedData",
     "NpzSource",
     "SourceConfig",
+    "TfrecordSource",
     "batch_size_for",
     "describe_source",
     "load_data",

@@ -37,8 +37,9 @@ def register_callbacks() -> list[type]:
 @hookimpl
 def register_data_sources() -> list[type]:
     from beatloop.source_kinds import CsvSource, FolderSource, NpzSource
+    from beatloop.tfrecord_source import TfrecordSource
 
-    return [FolderSource, CsvSource, NpzSource]
+    return [FolderSource, CsvSource, NpzSource, TfrecordSource]
 
 
 @hookimpl
