@@ -47,6 +47,9 @@ ALIASES = {
 }
 #: Records per batch of the load-time scan.
 _SCAN_BATCH = 1024
+#: The most records, and about the most bytes of parsed values, one parse call makes.
+_PARSE_ROWS = 512
+_PARSE_BYTES = 8 << 20
 
 
 def _positive(instance, attribute, value) -> None:
@@ -64,7 +67,9 @@ class TfrecordConfig(StreamConfig):
     fraction of files (drawn by the seed), held out as validation data;
     ``value_range``: decoded images' pixels in [0, 1] (unit), [-1, 1] (signed) or
     [0, 255] (raw); ``compression``: '' or GZIP (or ZLIB); ``cycle_length``: files read
-    at a time, a record from each in turn (1: one file after another)."""
+    at a time, a record from each in turn (1: one file after another);
+    ``parallel_reads``: read those files in threads of their own (for slow storage; on a
+    local disk it costs more CPU than it saves)."""
 
     features: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
@@ -76,6 +81,7 @@ class TfrecordConfig(StreamConfig):
         default="", validator=attrs.validators.in_(("", "GZIP", "ZLIB"))
     )
     cycle_length: int = attrs.field(default=4, validator=_positive)
+    parallel_reads: bool = False
 
 
 @attrs.frozen
@@ -105,20 +111,19 @@ class TfrecordSource(DataSource):
         keys = self._keys(spec)
         self._found = (spec, keys)
         parse = parse_batch(spec, keys, SCALES[config.value_range])
+        rows = _parse_rows(spec)
         if not validation_paths:
             count = sum(shard.count for shard in train)
-            split = stream_split(
-                self._records(train), count, parse, config, seed, batch_size, self.label
-            )
+            records = self._records(train)
+            split = stream_split(records, count, parse, config, seed, batch_size, self.label, rows)
             return DataSplit(_sharded(split.train, train), _sharded(split.validation, train))
         parts = []
         for shards, shuffle_seed in ((train, seed if config.shuffle else None), (validation, None)):
             count = sum(shard.count for shard in shards)
             held_count(count, 0.0, self.label)
             records = self._records(shards)
-            batches = stream_batches(
-                records, count, parse, batch_size, shuffle_seed, config.shuffle_buffer
-            )
+            buffer = config.shuffle_buffer
+            batches = stream_batches(records, count, parse, batch_size, shuffle_seed, buffer, rows)
             parts.append(_sharded(batches, shards))
         return DataSplit(*parts)
 
@@ -287,10 +292,20 @@ class TfrecordSource(DataSource):
             return tf.data.Dataset.zip((indices, records))
 
         cycle = min(self.config.cycle_length, len(shards))
+        threads = cycle if self.config.parallel_reads else None
         return tf.data.Dataset.from_tensor_slices((paths, offsets)).interleave(
-            read, cycle_length=cycle, block_length=1, num_parallel_calls=cycle,
-            deterministic=True,
+            read, cycle_length=cycle, block_length=1, num_parallel_calls=threads,
+            deterministic=True if threads else None,
         )  # fmt: skip
+
+
+def _parse_rows(spec: Sequence[FeatureSpec]) -> int:
+    """Records per parse call: ``_PARSE_ROWS``, fewer when their parsed values would
+    pass ``_PARSE_BYTES`` (large images)."""
+    import math
+
+    example_bytes = sum(4 * math.prod(feature.shape or (1,)) for feature in spec)
+    return max(1, min(_PARSE_ROWS, _PARSE_BYTES // max(example_bytes, 1)))
 
 
 def _count(path: str, compression: str) -> tuple[int, bytes]:
