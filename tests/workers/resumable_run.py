@@ -19,6 +19,7 @@ import numpy as np
 from helpers import all_weights
 
 import beatloop
+from beatloop.sources import NamedData
 
 
 class FileSizeLimitAt(beatloop.Callback):
@@ -52,9 +53,12 @@ def main(spec: dict) -> int:
         callbacks.append(SignalAt(spec["kill_at"], signal.SIGKILL))
     if spec.get("full_disk_at") is not None:
         callbacks.append(FileSizeLimitAt(spec["full_disk_at"], 1024))
+    named = spec.get("data")  # {"source": "KIND:PATH", "settings": [...]}: as --data gives
+    data = NamedData(named["source"], tuple(named.get("settings", ()))) if named else None
     try:
         result = beatloop.fit(
             spec["recipe"],
+            data=data,
             config=spec.get("config"),
             epochs=spec["epochs"],
             seed=spec.get("seed"),
