@@ -69,7 +69,8 @@ class TfrecordConfig(StreamConfig):
     [0, 255] (raw); ``compression``: '' or GZIP (or ZLIB); ``cycle_length``: files read
     at a time, a record from each in turn (1: one file after another);
     ``parallel_reads``: read those files in threads of their own (for slow storage; on a
-    local disk it costs more CPU than it saves)."""
+    local disk it costs more CPU than it saves); ``shuffle_buffer``: the examples the
+    training shuffle draws from (memory is bounded by it)."""
 
     features: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
@@ -101,6 +102,9 @@ class TfrecordSource(DataSource):
 
     name = "tfrecord"
     Config = TfrecordConfig
+    #: What the last ``load`` found (the spec, feature -> batch key), for ``hint``.
+    _found: tuple | None = None
+    _skipped: tuple[str, ...] = ()
 
     def load(self, seed: int, batch_size: int) -> DataSplit:
         config = self.config
@@ -215,7 +219,8 @@ class TfrecordSource(DataSource):
         for shard in filled:
             try:
                 if spec is None:
-                    spec, self._skipped = infer_spec(shard.first)
+                    spec, skipped = infer_spec(shard.first)
+                    self._skipped = tuple(skipped)
                 elif any(feature.shape is None for feature in spec):
                     spec = with_image_shapes(spec, shard.first)
                 check_record(spec, shard.first)
@@ -228,7 +233,7 @@ class TfrecordSource(DataSource):
         if not spec:
             raise DataError(
                 f"data source {self.label!r}: its records hold no feature a model can take "
-                f"(bytes features left out: {getattr(self, '_skipped', [])})"
+                f"(bytes features left out: {list(self._skipped)})"
             )
         return spec
 
@@ -264,10 +269,9 @@ class TfrecordSource(DataSource):
         return mapping
 
     def hint(self, missing: Sequence[str]) -> str:
-        found = getattr(self, "_found", None)
-        if found is None:
+        if self._found is None:
             return ""
-        spec, keys = found
+        spec, keys = self._found
         unmapped = [feature.name for feature in spec if feature.name not in keys]
         example = ",".join(f"{name}:{key}" for name, key in zip(unmapped, missing, strict=False))
         return (
