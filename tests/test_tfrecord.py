@@ -244,6 +244,15 @@ def test_training_from_python_equals_the_in_memory_pipeline(digits_records):
     )
 
 
+def test_the_gan_trains_from_python_on_signed_images(digits_records):
+    pattern, _, _ = digits_records
+    gan = beatloop.make_recipe("gan", config={"batch_size": 50, "quality_samples": 32})
+    split = beatloop.load_data(f"tfrecord:{pattern}", ["shuffle_buffer=64"], recipe=gan, seed=1)
+    result = beatloop.fit(gan, data=split, epochs=1, seed=1, progress=False)
+    assert result.steps == 4  # 200 images in batches of 50
+    assert np.isfinite(result.history["d_loss"][0]) and np.isfinite(result.history["g_loss"][0])
+
+
 # --- splits ---------------------------------------------------------------------------
 
 
