@@ -91,6 +91,7 @@ _EXPORTS = {
     "ReproducibilityWarning": "beatloop.core.errors",
     "RunawayLossWarning": "beatloop.core.errors",
     "IgnoredSettingWarning": "beatloop.core.errors",
+    "InferredSettingWarning": "beatloop.core.errors",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -134,6 +135,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         ConfigError,
         DataError,
         IgnoredSettingWarning,
+        InferredSettingWarning,
         InputMismatchError,
         LabelRangeError,
         NumericsError,
