@@ -17,9 +17,9 @@ import attrs
 import numpy as np
 
 from beatloop.core.batches import DataSplit
-from beatloop.core.errors import DataError, InferredSettingWarning
+from beatloop.core.errors import DataError
 from beatloop.image_headers import UnreadableImage, agreed_shape, inferred_notice
-from beatloop.source_base import DataSource, SourceConfig
+from beatloop.source_base import DataSource, InferredSettingWarning, SourceConfig
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 INTERPOLATIONS = ("bilinear", "nearest", "area", "bicubic")

@@ -321,11 +321,6 @@ class IgnoredSettingWarning(UserWarning):
     ``data=``, a field only ``build_models`` reads when ``models=`` gives every model)."""
 
 
-class InferredSettingWarning(UserWarning):
-    """A setting a data source chose from the data because it was not given (a folder's
-    image size and colour mode), said once per read so a run shows what it trained on."""
-
-
 class RunawayLossWarning(RuntimeWarning):
     """A beat's epoch loss that ran away (not finite, or over 1e6 times its first value)
     with the divergence guard off: once per run; ``divergence=`` stops such a run."""
