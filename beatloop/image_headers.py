@@ -65,10 +65,10 @@ def _channels(image, path: Path) -> int:
     if image.format == "JPEG":
         return 1 if image.mode == "L" else 3
     mode = image.mode
-    if mode.startswith(_ONE_CHANNEL) and mode not in ("LA", "La"):
-        return 1
     if mode in ("LA", "La"):
         return 2
+    if mode.startswith(_ONE_CHANNEL):
+        return 1
     if mode == "P":
         return 4 if "transparency" in image.info else 3
     return 4 if mode in ("RGBA", "RGBa", "PA") else 3

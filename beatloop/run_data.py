@@ -60,9 +60,9 @@ def recorded_validation(run_dir: Path, source, recipe, stored: Any):
         )
     built = {key: str(spec) for key, spec in split.train.element_spec.items()}
     if built != stored.data:
+        differences = spec_differences(stored.data, built, "now")
         raise DataError(
-            f"{where}, which now gives other batches ({spec_differences(stored.data, built, 'now')}"
-            "): pass data= (a batched "
+            f"{where}, which now gives other batches ({differences}): pass data= (a batched "
             "tf.data.Dataset like its training data)"
         )
     return split

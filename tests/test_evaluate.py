@@ -22,6 +22,7 @@ from helpers import (
     history_records,
     tuple_batches,
 )
+from PIL import Image
 
 import beatloop
 from beatloop.cli import main
@@ -262,8 +263,6 @@ def test_a_recipe_without_built_in_data_evaluates_on_the_data_given(
 @pytest.fixture(scope="module")
 def digit_pngs(tmp_path_factory, small_digits):
     """40 of the digits as 8x8 grayscale PNGs, one subfolder per class."""
-    from PIL import Image
-
     train, _ = small_digits
     folder = tmp_path_factory.mktemp("pngs") / "images"
     for index, (x, y) in enumerate(zip(train["x"][:40], train["y"][:40], strict=True)):
@@ -362,14 +361,14 @@ def test_a_csv_run_evaluates_on_its_recorded_validation_data(csv_run, capsys):
 
 def rewritten(run_dir, tmp_path, **source) -> Path:
     """A copy of ``run_dir`` whose run.json records the data source changed by ``source``."""
-    copy = shutil.copytree(run_dir, tmp_path / "copy")
+    copy = shutil.copytree(run_dir, tmp_path / f"copy{len(list(tmp_path.glob('copy*')))}")
     recorded = json.loads((copy / "run.json").read_text())
     recorded["data_source"].update(source)
     (copy / "run.json").write_text(json.dumps(recorded))
     return copy
 
 
-def test_a_recorded_source_that_cannot_be_read_now_is_a_data_error(
+def test_a_recorded_source_that_cannot_be_read_or_no_longer_fits_is_a_data_error(
     folder_run, digit_pngs, tmp_path, capsys
 ):
     gone = tmp_path / "images"
@@ -386,6 +385,21 @@ def test_a_recorded_source_that_cannot_be_read_now_is_a_data_error(
     assert str(raised.value) == start + " (and --data-set NAME=VALUE; data= in Python)"
     code, out, err = cli(["evaluate", run_dir], capsys)
     assert (code, out) == (3, "") and err == f"beatloop: error: {raised.value}\n"
+    # Images of another size where the run's were: the batches no longer fit the run.
+    (tmp_path / "big" / "3").mkdir(parents=True)  # one class: x and y, as the run had
+    for index in range(8):
+        pixels = np.full((16, 16), index * 30, np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "big" / "3" / f"{index}.png")
+    run_dir = rewritten(run_dir, tmp_path, data=f"folder:{tmp_path / 'big'}")
+    with pytest.raises(beatloop.DataError) as raised, pytest.warns(beatloop.InferredSettingWarning):
+        beatloop.evaluate(run_dir)
+    assert str(raised.value) == (
+        f"{run_dir / 'run.json'} records that the run trained on --data folder:"
+        f"{tmp_path / 'big'}, which now gives other batches ('x' is TensorSpec(shape=(None, "
+        "8, 8, 1), dtype=tf.float32, name=None) in the run, TensorSpec(shape=(None, 16, 16, "
+        "1), dtype=tf.float32, name=None) now): pass data= (a batched tf.data.Dataset like "
+        "its training data)"
+    )
 
 
 def test_a_recorded_source_without_validation_data_asks_for_data(csv_run, tmp_path, capsys):
