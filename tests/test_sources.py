@@ -8,6 +8,7 @@ import math
 import shutil
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -154,10 +155,23 @@ def test_a_folder_infers_the_size_and_colour_mode_its_images_share(digits_folder
         assert batch["x"].shape == (IMAGES, 8, 8, 1)
         np.testing.assert_array_equal(batch["x"], expected["x"])  # as if given: no resizing
         np.testing.assert_array_equal(batch["y"], expected["y"])
+    # A recipe's source_defaults are given settings too: what they set is not inferred.
+
+    class FourByFour(Gan):
+        source_defaults = {**Gan.source_defaults, "image_size": (4, 4)}
+
+    with pytest.warns(beatloop.InferredSettingWarning) as caught:
+        split = load_data(f"folder:{folder}", [], recipe=FourByFour(), seed=0)
+    assert [str(w.message) for w in caught] == [
+        _notice(folder, "grayscale", "color_mode=grayscale")
+    ]
+    assert split.train.element_spec["x"].shape.as_list() == [None, 4, 4, 1]
     # A setting given wins over the images: resized and converted, no notice.
-    split = load_data(
-        f"folder:{folder}", ["image_size=4,6", "color_mode=rgb"], recipe=Gan(), seed=0
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        split = load_data(
+            f"folder:{folder}", ["image_size=4,6", "color_mode=rgb"], recipe=Gan(), seed=0
+        )
     assert split.train.element_spec["x"].shape.as_list() == [None, 4, 6, 3]
 
 
