@@ -316,6 +316,25 @@ def test_supervised_and_gan_train_from_the_command_line(tmp_path, digits_records
     assert x.min() == -1.0  # the gan's source_defaults: value_range=signed
 
 
+def test_evaluate_without_data_uses_the_recorded_validation_files(tmp_path, digits_records, capsys):
+    """``beatloop run ... --data tfrecord:GLOB --data-set validation_files=0.25``, then
+    ``beatloop evaluate RUN_DIR``: the run's last val_ figures, exactly."""
+    pattern, _, _ = digits_records
+    code = _run(
+        tmp_path, "supervised", "--data", f"tfrecord:{pattern}",
+        "--data-set", "validation_files=0.25", "--epochs", "2",
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    last = history_records(tmp_path / "run")[-1]
+    expected = {k.removeprefix("val_"): v for k, v in last.items() if k.startswith("val_")}
+    assert set(expected) == {"loss", "accuracy"}
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert {name: float(value) for name, value in map(str.split, out.splitlines())} == expected
+    assert beatloop.evaluate(tmp_path / "run") == expected
+
+
 # --- bad files -------------------------------------------------------------------------
 
 
