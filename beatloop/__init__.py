@@ -91,6 +91,7 @@ _EXPORTS = {
     "ReproducibilityWarning": "beatloop.core.errors",
     "RunawayLossWarning": "beatloop.core.errors",
     "IgnoredSettingWarning": "beatloop.core.errors",
+    "InferredSettingWarning": "beatloop.source_base",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -175,4 +176,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         register_environment,
     )
     from beatloop.plugins.tensorboard import TensorBoard
+    from beatloop.source_base import InferredSettingWarning
     from beatloop.sources import DataSource, SourceConfig, load_data

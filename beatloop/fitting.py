@@ -40,6 +40,7 @@ from beatloop.core.run_lock import RunDirLock
 from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
+from beatloop.run_data import recorded_source, recorded_validation, spec_differences
 from beatloop.sources import NamedData
 
 
@@ -243,8 +244,12 @@ def evaluate(
     """The validation figures of the run in ``run_dir`` at its latest checkpoint: every
     beat's loss and every metric, models in inference mode, over ``data`` (a batched
     ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, like the validation data ``fit``
-    takes; ``None``: the recipe's built-in validation data), by name without the
-    ``val_`` prefix. The run is rebuilt as ``restore`` rebuilds it; with ``data``
+    takes; ``None``: the run's own validation data, that of the data source its
+    ``run.json`` records when it was trained with ``--data`` (read again with the run's
+    seed: its ``validation_fraction`` held out, or its ``--validation-data``), else the
+    recipe's built-in validation data), by name without the ``val_`` prefix: on its own
+    validation data, the figures are its last ``val_`` figures. The run is rebuilt as
+    ``restore`` rebuilds it; with ``data``
     it is rebuilt on that data when its batches are the ones the run trained on (so a
     run on other data, or of a recipe with no built-in data, evaluates on data like its
     training data). Nothing is trained and nothing is written."""
@@ -256,15 +261,6 @@ def evaluate(
         run_path, stored, recipe, _evaluation_split(run_path, recipe, stored, data), [], options
     )
     return engine.evaluate(data)
-
-
-def _spec_differences(run: Mapping[str, str], built_in: Mapping[str, str]) -> str:
-    """Where two recorded batch specs (each key's ``TensorSpec`` as text) differ."""
-    return "; ".join(
-        f"{key!r} is {run.get(key, 'absent')} in the run, {built_in.get(key, 'absent')} there"
-        for key in sorted(set(run) | set(built_in))
-        if run.get(key) != built_in.get(key)
-    )
 
 
 def _stored_record(run_path: Path, verb: str):
@@ -298,10 +294,15 @@ def _restored_engine(
 
 
 def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit:
-    """The data a run is rebuilt on to evaluate: the recipe's built-in data without
-    ``data``; with it, ``data`` itself as the training batches when they are those the
-    run recorded (or the recipe has no built-in data), else the built-in training data."""
+    """The data a run is rebuilt on to evaluate: without ``data``, the data source its
+    ``run.json`` records (``--data``: its validation data is evaluated on), else the
+    recipe's built-in data; with it, ``data`` itself as the training batches when they
+    are those the run recorded (or the recipe has no built-in data), else the built-in
+    training data."""
     built_in = defines(recipe, "default_data")
+    source = recorded_source(run_path) if data is None else None
+    if source is not None:  # trained on --data: evaluated on its validation data
+        return recorded_validation(run_path, source, recipe, stored)
     if data is None:
         if not built_in:
             raise DataError(
@@ -332,7 +333,7 @@ def _built_in_split(run_path: Path, recipe: Recipe, stored) -> DataSplit:
     if built != stored.data:
         raise DataError(
             f"the run in {run_path} trained on other batches than recipe "
-            f"{recipe.name!r}'s built-in data ({_spec_differences(stored.data, built)}): "
+            f"{recipe.name!r}'s built-in data ({spec_differences(stored.data, built)}): "
             "pass data= with batches like its training batches"
         )
     return split

@@ -1,5 +1,6 @@
 """What a data source kind is: the ``DataSource`` base class and ``SourceConfig``, the
-parameters every built-in kind shares.
+parameters every built-in kind shares, and the ``InferredSettingWarning`` a source
+issues for a parameter it chose from the data.
 
 This module imports nothing of the plugins or of the command line, so the registry
 (which checks a registered class against ``DataSource``), the built-in kinds and the
@@ -11,11 +12,12 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from beatloop.core.batches import DataSplit
+if TYPE_CHECKING:  # the annotation only: the warning below is importable without TensorFlow
+    from beatloop.core.batches import DataSplit
 
 
 def _fraction(instance, attribute, value) -> None:
@@ -26,6 +28,11 @@ def _fraction(instance, attribute, value) -> None:
 def _positive_or_none(instance, attribute, value) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+class InferredSettingWarning(UserWarning):
+    """A source parameter chosen from the data because it was not given (a folder's image
+    size and colour mode), said each time the source is read: what the run trains on."""
 
 
 @attrs.frozen

@@ -7,6 +7,7 @@ built-in plugin; named on the command line through ``beatloop.sources``.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +17,8 @@ import numpy as np
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import DataError
-from beatloop.source_base import DataSource, SourceConfig
+from beatloop.image_headers import UnreadableImage, agreed_shape, inferred_notice
+from beatloop.source_base import DataSource, InferredSettingWarning, SourceConfig
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 INTERPOLATIONS = ("bilinear", "nearest", "area", "bicubic")
@@ -24,20 +26,21 @@ SCALES = {"unit": (1 / 255.0, 0.0), "signed": (1 / 127.5, -1.0), "raw": (1.0, 0.
 
 
 def _image_size(instance, attribute, value) -> None:
-    if len(value) != 2 or min(value) < 1:
+    if value is not None and (len(value) != 2 or min(value) < 1):
         raise ValueError(f"image_size must be two positive numbers (height,width), got {value}")
 
 
 @attrs.frozen
 class FolderConfig(SourceConfig):
-    """``image_size``: (height, width) every image is resized to; ``color_mode``: the
-    channels (1, 3 or 4); ``value_range``: pixels in [0, 1] (``unit``), [-1, 1]
-    (``signed``, what a tanh generator makes) or [0, 255] (``raw``); ``interpolation``:
-    the resizing method."""
+    """``image_size``: (height, width) every image is resized to (``None``: the size the
+    images share, inferred from their files); ``color_mode``: the channels (grayscale,
+    rgb or rgba; ``None``: those the images share); ``value_range``: pixels in [0, 1]
+    (``unit``), [-1, 1] (``signed``, what a tanh generator makes) or [0, 255] (``raw``);
+    ``interpolation``: the resizing method."""
 
-    image_size: tuple[int, ...] = attrs.field(default=(64, 64), validator=_image_size)
-    color_mode: Literal["grayscale", "rgb", "rgba"] = attrs.field(
-        default="rgb", validator=attrs.validators.in_(("grayscale", "rgb", "rgba"))
+    image_size: tuple[int, ...] | None = attrs.field(default=None, validator=_image_size)
+    color_mode: Literal["grayscale", "rgb", "rgba"] | None = attrs.field(
+        default=None, validator=attrs.validators.in_(("grayscale", "rgb", "rgba", None))
     )
     value_range: Literal["unit", "signed", "raw"] = attrs.field(
         default="unit", validator=attrs.validators.in_(tuple(SCALES))
@@ -70,7 +73,7 @@ class FolderSource(DataSource):
                 f"data source {self.label!r}: the folder {self.path!r} holds no images "
                 f"({' '.join(IMAGE_SUFFIXES)}), neither in itself nor in class subfolders"
             )
-        config = self.config
+        config, inferred = self._inferred(folder, classes)
         try:
             dataset = keras.utils.image_dataset_from_directory(
                 str(folder),
@@ -90,7 +93,31 @@ class FolderSource(DataSource):
             arrays = self._arrays(dataset, bool(classes))
         except tf.errors.OpError:  # a file that is not an image: find which
             raise self._unreadable(folder) from None
+        if inferred:
+            warnings.warn(inferred, InferredSettingWarning, stacklevel=3)
         return split_arrays(arrays, self.config, seed, batch_size, self.label)
+
+    def _inferred(self, folder: Path, classes: list[str]) -> tuple[FolderConfig, str]:
+        """The config with the ``image_size`` and ``color_mode`` it leaves to the images
+        filled in from their headers, and the notice saying what was chosen ('' when both
+        were given); a ``DataError`` when the images disagree."""
+        config = self.config
+        size, mode = config.image_size is None, config.color_mode is None
+        if not (size or mode):
+            return config, ""
+        roots = [folder / name for name in classes] or [folder]
+        files = [path for root in roots for path in root.rglob("*") if _is_image_file(path)]
+        try:
+            shape = agreed_shape(files, self.label, size=size, mode=mode)
+        except UnreadableImage:
+            raise self._unreadable(folder) from None
+        notice = inferred_notice(shape, self.label, size=size, mode=mode)
+        filled = attrs.evolve(
+            config,
+            image_size=(shape.height, shape.width) if size else config.image_size,
+            color_mode=shape.color_mode if mode else config.color_mode,
+        )
+        return filled, notice
 
     def _arrays(self, dataset, labelled: bool) -> dict[str, np.ndarray]:
         """The decoded images (scaled to the ``value_range``) and their labels."""

@@ -4,9 +4,10 @@ recipe.
 
 A source kind is a registered class (``beatloop.source_base.DataSource``; built-ins:
 ``folder`` and ``npz`` in ``beatloop.source_kinds``, the streamed ``csv`` in
-``beatloop.csv_source``; plugins add more through the ``register_data_sources`` hook)
-with a ``name``, an attrs ``Config`` of its parameters (set with ``--data-set
-NAME=VALUE``) and a ``load(seed, batch_size)`` method.
+``beatloop.csv_source`` and ``tfrecord`` in ``beatloop.tfrecord_source``; plugins add
+more through the ``register_data_sources`` hook) with a ``name``, an attrs ``Config`` of
+its parameters (set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)``
+method.
 ``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call. The base
 class, the built-in kinds and ``split_arrays`` are also importable from here.
 """
@@ -27,6 +28,7 @@ from beatloop.csv_source import CsvSource
 from beatloop.ignored_settings import changed_settings, warn
 from beatloop.source_base import DataSource, SourceConfig
 from beatloop.source_kinds import FolderSource, NpzSource, split_arrays
+from beatloop.tfrecord_source import TfrecordSource
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -39,6 +41,7 @@ __all__ = [
     "NamedData",
     "NpzSource",
     "SourceConfig",
+    "TfrecordSource",
     "batch_size_for",
     "describe_source",
     "load_data",

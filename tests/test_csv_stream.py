@@ -227,8 +227,10 @@ def test_a_csv_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits):
     write_csv(tmp_path / "digits.csv", {**columns, "digit": train["y"].astype(np.int64)})
     spec = {
         "recipe": "supervised", "config": {"batch_size": 64, "dropout": 0.3}, "epochs": 2,
-        "seed": 3, "checkpoint_every": 8, "data": f"csv:{tmp_path / 'digits.csv'}",
-        "data_set": ["label=digit", "validation_fraction=0.2", "shuffle_buffer=300"],
+        "seed": 3, "checkpoint_every": 8, "data": {
+            "source": f"csv:{tmp_path / 'digits.csv'}",
+            "settings": ["label=digit", "validation_fraction=0.2", "shuffle_buffer=300"],
+        },
     }  # fmt: skip
 
     def start(**more):

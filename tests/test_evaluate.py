@@ -3,15 +3,26 @@ equal the ``val_`` figures ``fit`` logged for the same weights and data, and not
 (weights, optimizers, counters, the run dir) changes."""
 
 import hashlib
+import json
 import re
+import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, dict_batches, gan_data, tuple_batches
+from helpers import (
+    all_weights,
+    assert_same_weights,
+    dict_batches,
+    gan_data,
+    history_records,
+    tuple_batches,
+)
+from PIL import Image
 
 import beatloop
 from beatloop.cli import main
@@ -244,3 +255,170 @@ def test_a_recipe_without_built_in_data_evaluates_on_the_data_given(
     assert result.evaluate(rows) == pytest.approx(
         by_hand(result.models["model"], validation), rel=1e-5
     )
+
+
+# --- a run trained on --data: evaluated on its recorded source's validation data --------
+
+
+@pytest.fixture(scope="module")
+def digit_pngs(tmp_path_factory, small_digits):
+    """40 of the digits as 8x8 grayscale PNGs, one subfolder per class."""
+    train, _ = small_digits
+    folder = tmp_path_factory.mktemp("pngs") / "images"
+    for index, (x, y) in enumerate(zip(train["x"][:40], train["y"][:40], strict=True)):
+        (folder / str(y)).mkdir(parents=True, exist_ok=True)
+        pixels = np.round(x.reshape(8, 8) * 255).astype(np.uint8)
+        Image.fromarray(pixels, mode="L").save(folder / str(y) / f"{index:02d}.png")
+    return folder
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """``beatloop ARGV`` in this process, its warnings shown as a user's terminal shows
+    them: the exit code, stdout and stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def last_val_figures(run_dir) -> dict[str, float]:
+    """The last epoch's ``val_`` figures in the run's history.jsonl, without the prefix."""
+    return {
+        name.removeprefix("val_"): value
+        for name, value in history_records(run_dir)[-1].items()
+        if name.startswith("val_")
+    }
+
+
+def printed_figures(out: str) -> dict[str, float]:
+    return {name: float(value) for name, value in (line.split() for line in out.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory, digit_pngs):
+    """A gan run dir trained with ``--data folder:`` (size and colour mode inferred), a
+    quarter of the images held out for validation."""
+    run_dir = tmp_path_factory.mktemp("folder_run") / "run"
+    argv = ["run", "gan", "--data", f"folder:{digit_pngs}", "--data-set",
+            "validation_fraction=0.25", "--data-set", "batch_size=10", "--epochs", "2",
+            "--seed", "0", "--quiet", "--run-dir", str(run_dir)]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(argv) == 0
+    return run_dir
+
+
+def test_a_folder_run_evaluates_on_its_recorded_validation_split(folder_run, digit_pngs, capsys):
+    """``beatloop run gan --data folder:imgs; beatloop evaluate RUN_DIR``: the figures are
+    the run's last val_ figures, exactly, from the command line and from Python."""
+    expected = last_val_figures(folder_run)
+    assert set(expected) == {"d_loss", "g_loss", "d_real", "d_fake"}
+    files = snapshot(folder_run)
+    code, out, err = cli(["evaluate", folder_run], capsys)
+    assert code == 0, err
+    assert printed_figures(out) == expected
+    assert err == (
+        f"beatloop: warning: data source 'folder:{digit_pngs}': images are 8x8 grayscale "
+        "(inferred: image_size=8,8, color_mode=grayscale; set them with --data-set to change)\n"
+    )
+    with pytest.warns(beatloop.InferredSettingWarning, match="images are 8x8 grayscale"):
+        assert beatloop.evaluate(folder_run) == expected
+    assert snapshot(folder_run) == files  # nothing written
+
+
+@pytest.fixture(scope="module")
+def csv_run(tmp_path_factory):
+    """A supervised run dir trained with ``--data csv:`` and ``--validation-data csv:``
+    (16 features: not the built-in digits' batches)."""
+    folder = tmp_path_factory.mktemp("csv_run")
+    rng = np.random.default_rng(0)
+    for name, rows in (("train.csv", 60), ("valid.csv", 25)):
+        lines = [",".join([*(f"f{i}" for i in range(16)), "label"])]
+        lines += [
+            ",".join([*(f"{v:.4f}" for v in rng.uniform(size=16)), str(i % 3)]) for i in range(rows)
+        ]
+        (folder / name).write_text("\n".join(lines) + "\n")
+    argv = ["run", "supervised", "--data", f"csv:{folder / 'train.csv'}", "--validation-data",
+            f"csv:{folder / 'valid.csv'}", "--data-set", "label=label", "--set", "hidden=4",
+            "--set", "batch_size=16", "--epochs", "2", "--seed", "0", "--quiet", "--run-dir",
+            str(folder / "run")]  # fmt: skip
+    assert main(argv) == 0
+    return folder / "run"
+
+
+def test_a_csv_run_evaluates_on_its_recorded_validation_data(csv_run, capsys):
+    expected = last_val_figures(csv_run)
+    assert set(expected) == {"loss", "accuracy"}
+    code, out, err = cli(["evaluate", csv_run], capsys)
+    assert code == 0 and err == "", err
+    assert printed_figures(out) == expected
+    assert beatloop.evaluate(csv_run) == expected
+    assert beatloop.evaluate(csv_run, steps_per_execution=2) == pytest.approx(
+        expected, rel=1e-6, abs=0
+    )
+
+
+def rewritten(run_dir, tmp_path, **source) -> Path:
+    """A copy of ``run_dir`` whose run.json records the data source changed by ``source``."""
+    copy = shutil.copytree(run_dir, tmp_path / f"copy{len(list(tmp_path.glob('copy*')))}")
+    recorded = json.loads((copy / "run.json").read_text())
+    recorded["data_source"].update(source)
+    (copy / "run.json").write_text(json.dumps(recorded))
+    return copy
+
+
+def test_a_recorded_source_that_cannot_be_read_or_no_longer_fits_is_a_data_error(
+    folder_run, digit_pngs, tmp_path, capsys
+):
+    gone = tmp_path / "images"
+    shutil.copytree(digit_pngs, gone)
+    run_dir = rewritten(folder_run, tmp_path, data=f"folder:{gone}")
+    shutil.rmtree(gone)  # the images moved since the run
+    start = (
+        f"{run_dir / 'run.json'} records that the run trained on --data folder:{gone}, which "
+        f"cannot be read now: data source 'folder:{gone}': there is no folder '{gone}'; name "
+        "its data as it is now with --data KIND:PATH"
+    )
+    with pytest.raises(beatloop.DataError) as raised:
+        beatloop.evaluate(run_dir)
+    assert str(raised.value) == start + " (and --data-set NAME=VALUE; data= in Python)"
+    code, out, err = cli(["evaluate", run_dir], capsys)
+    assert (code, out) == (3, "") and err == f"beatloop: error: {raised.value}\n"
+    # Images of another size where the run's were: the batches no longer fit the run.
+    (tmp_path / "big" / "3").mkdir(parents=True)  # one class: x and y, as the run had
+    for index in range(8):
+        pixels = np.full((16, 16), index * 30, np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "big" / "3" / f"{index}.png")
+    run_dir = rewritten(run_dir, tmp_path, data=f"folder:{tmp_path / 'big'}")
+    with pytest.raises(beatloop.DataError) as raised, pytest.warns(beatloop.InferredSettingWarning):
+        beatloop.evaluate(run_dir)
+    assert str(raised.value) == (
+        f"{run_dir / 'run.json'} records that the run trained on --data folder:"
+        f"{tmp_path / 'big'}, which now gives other batches ('x' is TensorSpec(shape=(None, "
+        "8, 8, 1), dtype=tf.float32, name=None) in the run, TensorSpec(shape=(None, 16, 16, "
+        "1), dtype=tf.float32, name=None) now): pass data= (a batched tf.data.Dataset like "
+        "its training data)"
+    )
+
+
+def test_a_recorded_source_without_validation_data_asks_for_data(csv_run, tmp_path, capsys):
+    run_dir = rewritten(csv_run, tmp_path, validation_data=None)
+    recorded = json.loads((run_dir / "run.json").read_text())["data_source"]["data"]
+    words = (
+        f"{run_dir / 'run.json'} records that the run trained on --data {recorded}, which "
+        "holds out no validation data to evaluate on (it was given no validation_fraction "
+        "and no --validation-data): pass "
+    )
+    with pytest.raises(beatloop.DataError) as raised:
+        beatloop.evaluate(run_dir)
+    assert str(raised.value) == words + ("data= (a batched tf.data.Dataset like its training data)")
+    code, _, err = cli(["evaluate", run_dir], capsys)
+    assert code == 3
+    assert err == f"beatloop: error: {words}--data KIND:PATH (data= in Python)\n"
+    # Named anew, the data is evaluated whole.
+    valid = csv_run.parent / "valid.csv"
+    code, out, err = cli(["evaluate", run_dir, "--data", f"csv:{valid}", "--data-set",
+                          "label=label"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert printed_figures(out) == last_val_figures(csv_run)

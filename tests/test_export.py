@@ -138,7 +138,8 @@ def test_cli_export_says_what_to_do_when_the_data_is_gone(csv_run, tmp_path, cap
         f"csv:{tmp_path / 'moved.csv'}, which cannot be read now: "
     )
     assert line.endswith(
-        "name its data as it is now with --data KIND:PATH (and --data-set NAME=VALUE)"
+        "name its data as it is now with --data KIND:PATH (and --data-set NAME=VALUE; data= "
+        "in Python)"
     )
     argv = ["export", str(run_dir), str(tmp_path / "b"), "--data", f"csv:{table}"]
     assert main([*argv, "--data-set", "label=label"]) == 0  # named anew

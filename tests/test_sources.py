@@ -8,6 +8,7 @@ import math
 import shutil
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -126,6 +127,111 @@ def test_validation_fraction_holds_out_examples_chosen_by_the_seed(digits_folder
     assert [label for label, _ in sorted(train + validation)] == sorted(labels.tolist())
     assert split_rows(0) == (train, validation)  # the same seed, the same split
     assert split_rows(1)[1] != validation  # another seed, other examples held out
+
+
+def _notice(folder, shown: str, chosen: str) -> str:
+    return (
+        f"data source 'folder:{folder}': images are {shown} (inferred: {chosen}; set "
+        f"{'them' if ', ' in chosen else 'it'} with --data-set to change)"
+    )
+
+
+def test_a_folder_infers_the_size_and_colour_mode_its_images_share(digits_folder):
+    folder, _, _ = digits_folder
+    given = ["image_size=8,8", "color_mode=grayscale", f"batch_size={IMAGES}"]
+    expected = next(iter(load_data(f"folder:{folder}", given, recipe=Gan(), seed=0).train))
+    cases = {
+        (): ("8x8 grayscale", "image_size=8,8, color_mode=grayscale"),
+        ("image_size=8,8",): ("grayscale", "color_mode=grayscale"),
+        ("color_mode=grayscale",): ("8x8", "image_size=8,8"),
+    }
+    for settings, (shown, chosen) in cases.items():
+        with pytest.warns(beatloop.InferredSettingWarning) as caught:
+            split = load_data(
+                f"folder:{folder}", [*settings, f"batch_size={IMAGES}"], recipe=Gan(), seed=0
+            )
+        assert [str(w.message) for w in caught] == [_notice(folder, shown, chosen)]
+        batch = next(iter(split.train))
+        assert batch["x"].shape == (IMAGES, 8, 8, 1)
+        np.testing.assert_array_equal(batch["x"], expected["x"])  # as if given: no resizing
+        np.testing.assert_array_equal(batch["y"], expected["y"])
+    # A recipe's source_defaults are given settings too: what they set is not inferred.
+
+    class FourByFour(Gan):
+        source_defaults = {**Gan.source_defaults, "image_size": (4, 4)}
+
+    with pytest.warns(beatloop.InferredSettingWarning) as caught:
+        split = load_data(f"folder:{folder}", [], recipe=FourByFour(), seed=0)
+    assert [str(w.message) for w in caught] == [
+        _notice(folder, "grayscale", "color_mode=grayscale")
+    ]
+    assert split.train.element_spec["x"].shape.as_list() == [None, 4, 4, 1]
+    # A setting given wins over the images: resized and converted, no notice.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        split = load_data(
+            f"folder:{folder}", ["image_size=4,6", "color_mode=rgb"], recipe=Gan(), seed=0
+        )
+    assert split.train.element_spec["x"].shape.as_list() == [None, 4, 6, 3]
+
+
+def test_images_that_differ_are_refused_naming_two_and_what_to_set(tmp_path, digits_folder, capsys):
+    folder = tmp_path / "images"
+    shutil.copytree(digits_folder[0], folder)
+    Image.fromarray(np.zeros((16, 12, 3), np.uint8)).save(folder / "5" / "big.png")
+    first = folder / "0" / sorted(p.name for p in (folder / "0").iterdir())[0]
+    line = _error(capsys, _run(tmp_path, "gan", "--data", f"folder:{folder}"), 3)
+    assert line == (
+        f"beatloop: error: data source 'folder:{folder}': its images are not all alike "
+        f"(8x8 grayscale: 40, 16x12 rgb: 1): '{first}' is 8x8 grayscale, "
+        f"'{folder / '5' / 'big.png'}' is 16x12 rgb; pass --data-set image_size=H,W and "
+        "--data-set color_mode=grayscale|rgb|rgba to read every image alike"
+    )
+    assert not (tmp_path / "run").exists()
+    code = _run(tmp_path, "gan", "--data", f"folder:{folder}", "--data-set", "image_size=8,8")
+    line = _error(capsys, code, 3)
+    assert "(grayscale: 40, rgb: 1)" in line and line.endswith(
+        "is rgb; pass --data-set color_mode=grayscale|rgb|rgba to read every image alike"
+    )
+    with pytest.raises(DataError, match=r"16x12: 1\): .* pass --data-set image_size=H,W to"):
+        load_data(f"folder:{folder}", ["color_mode=rgb"], recipe=Gan(), seed=0)
+    split = load_data(f"folder:{folder}", GAN_FOLDER[1::2], recipe=Gan(), seed=0)
+    assert split.train.element_spec["x"].shape.as_list() == [None, 8, 8, 1]  # given: read
+
+
+def test_the_colour_mode_read_from_a_header_is_what_tensorflow_decodes(tmp_path):
+    """Each kind of file the folder source reads: the size and channels inferred from its
+    header are those TensorFlow's decoder gives it (2 channels, gray with alpha, read as
+    rgba: Keras reads 1, 3 or 4)."""
+    import tensorflow as tf
+
+    from beatloop.image_headers import COLOR_MODES, image_shape
+
+    pixels = np.random.default_rng(0).integers(0, 255, (5, 7, 4), dtype=np.uint8)
+    rgb, gray = Image.fromarray(pixels[..., :3], "RGB"), Image.fromarray(pixels[..., 0], "L")
+    files = {
+        "gray.png": (gray, {}), "gray-alpha.png": (gray.convert("LA"), {}),
+        "rgb.png": (rgb, {}), "rgba.png": (Image.fromarray(pixels, "RGBA"), {}),
+        "palette.png": (rgb.convert("P"), {}),
+        "palette-clear.png": (rgb.convert("P"), {"transparency": 0}),
+        "gray16.png": (Image.fromarray(pixels[..., 0].astype(np.uint16) * 200), {}),
+        "gray.jpg": (gray, {}), "cmyk.jpg": (rgb.convert("CMYK"), {}), "rgb.jpg": (rgb, {}),
+        "gray.gif": (gray, {}), "rgb.bmp": (rgb, {}), "gray.bmp": (gray, {}),
+        "rgba.bmp": (Image.fromarray(pixels, "RGBA"), {}),
+    }  # fmt: skip
+    for name, (image, options) in files.items():
+        image.save(tmp_path / name, **options)
+    (tmp_path / "jpeg-named.png").write_bytes((tmp_path / "rgb.jpg").read_bytes())
+    modes = {}
+    for path in sorted(tmp_path.iterdir()):
+        decoded = tf.io.decode_image(tf.io.read_file(str(path)), expand_animations=False)
+        shape = image_shape(path)
+        assert (shape.height, shape.width) == (5, 7) == tuple(decoded.shape[:2]), path.name
+        assert shape.color_mode == COLOR_MODES[decoded.shape[2]], path.name
+        modes[path.name] = shape.color_mode
+    assert modes["gray-alpha.png"] == modes["palette-clear.png"] == modes["rgba.bmp"] == "rgba"
+    assert modes["palette.png"] == modes["gray.gif"] == modes["cmyk.jpg"] == "rgb"
+    assert modes["gray16.png"] == modes["gray.jpg"] == modes["gray.bmp"] == "grayscale"
 
 
 def test_a_csv_run_of_supervised_matches_fit_on_the_same_arrays(tmp_path, digits_csv, capsys):
@@ -274,8 +380,8 @@ def test_data_help_lists_every_kind_and_its_parameters(capsys):
     for kind in ("csv", "folder", "npz"):
         assert f"\n  {kind}: " in out and f"--data {kind}:PATH" in out
     for parameter in (
-        "image_size: tuple[int, ...] = (64, 64)",
-        "color_mode: 'grayscale' | 'rgb' | 'rgba' = 'rgb'",
+        "image_size: tuple[int, ...] | None = None",
+        "color_mode: 'grayscale' | 'rgb' | 'rgba' | None = None",
         "value_range: 'unit' | 'signed' | 'raw' = 'unit'",
         "label: str | None = None",
         "batch_size: int | None = None",

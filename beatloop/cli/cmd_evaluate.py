@@ -1,5 +1,6 @@
 """``beatloop evaluate RUN_DIR``: a run's validation figures at its latest checkpoint, on
-the recipe's validation data or on every example of ``--data``."""
+its own validation data (that of the ``--data`` its ``run.json`` records, else the
+recipe's) or on every example of ``--data``."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ def add_command(commands) -> None:
         default=None,
         metavar="KIND:PATH",
         help="evaluate on every example of this source, e.g. csv:new.csv (see `beatloop "
-        "data`; default: the recipe's validation data)",
+        "data`; default: the run's validation data: that of the --data its run.json "
+        "records, read again, else the recipe's built-in validation data)",
     )
     add_data_set_option(evaluate, "a parameter of the --data source (repeatable)")
 
 
 def run(args) -> int:
     """Print one line per figure, ``NAME  VALUE`` (the value as Python writes the float:
-    exact), on the ``--data`` source's every example or the recipe's validation data."""
+    exact), on the ``--data`` source's every example or the run's validation data."""
     from beatloop.fitting import evaluate
 
     figures = evaluate(args.run_dir, _evaluation_data(args))
@@ -42,7 +44,8 @@ def run(args) -> int:
 
 def _evaluation_data(args):
     """The data set ``evaluate --data`` names, read for the run's recipe and seed (its
-    batch size, its source defaults); ``None`` without ``--data``."""
+    batch size, its source defaults); ``None`` without ``--data``: ``evaluate`` then
+    takes the run's own validation data."""
     from beatloop.cli.recorded import recorded_recipe
     from beatloop.core.errors import ConfigError
     from beatloop.sources import load_whole

@@ -1,11 +1,14 @@
 """A finished run as ``export`` and ``evaluate`` read it: its recipe rebuilt from the
 latest checkpoint's record, and the data it was named with (``run.json``'s
-``data_source``), read again."""
+``data_source``, read again by ``beatloop.run_data``, whose functions are here too)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from beatloop.run_data import read_recorded_source, recorded_source
+
+__all__ = ["read_recorded_source", "recorded_recipe", "recorded_source"]
 
 
 def recorded_recipe(run_dir: Path, verb: str):
@@ -21,35 +24,3 @@ def recorded_recipe(run_dir: Path, verb: str):
         raise CheckpointError(f"{run_dir} holds no readable checkpoint to {verb}")
     cls = get_recipe(record.recipe)
     return record, make_recipe(cls, config_overrides(cls, record.config))
-
-
-def recorded_source(run_dir: Path):
-    """The ``NamedData`` the run trained on when it was given ``--data`` (``run.json``'s
-    ``data_source``), else ``None`` (no run.json, or one that names no data)."""
-    from beatloop.sources import NamedData
-
-    try:
-        recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    source = recorded.get("data_source") if isinstance(recorded, dict) else None
-    if not isinstance(source, dict) or not isinstance(source.get("data"), str):
-        return None
-    return NamedData(
-        source["data"], tuple(source.get("data_set") or ()), source.get("validation_data")
-    )
-
-
-def read_recorded_source(run_dir: Path, source, recipe, seed: int):
-    """The batches ``source`` (the run's recorded ``--data``) gives now; a ``DataError``
-    saying where it was recorded and what to do when it cannot be read."""
-    from beatloop.core.errors import BeatloopError, DataError
-
-    try:
-        return source(recipe, seed)
-    except BeatloopError as error:
-        raise DataError(
-            f"{Path(run_dir) / 'run.json'} records that the run trained on --data "
-            f"{source.source}, which cannot be read now: {error}; name its data as it is now "
-            "with --data KIND:PATH (and --data-set NAME=VALUE)"
-        ) from error

@@ -38,8 +38,9 @@ def register_callbacks() -> list[type]:
 def register_data_sources() -> list[type]:
     from beatloop.csv_source import CsvSource
     from beatloop.source_kinds import FolderSource, NpzSource
+    from beatloop.tfrecord_source import TfrecordSource
 
-    return [FolderSource, CsvSource, NpzSource]
+    return [FolderSource, CsvSource, NpzSource, TfrecordSource]
 
 
 @hookimpl

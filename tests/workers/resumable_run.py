@@ -1,8 +1,7 @@
 """A training run for the resume tests, in its own process: ``python resumable_run.py
 SPEC_JSON``. It can SIGKILL itself after a given step (a real crash, mid-epoch, at a
 moment the test chooses) or fill its disk, and writes the final weights to an .npz
-(keys ``model/index``, as ``helpers.all_weights`` names them). The spec's ``data`` and
-``data_set`` name a data source as ``--data`` and ``--data-set`` do."""
+(keys ``model/index``, as ``helpers.all_weights`` names them)."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import numpy as np
 from helpers import all_weights
 
 import beatloop
+from beatloop.sources import NamedData
 
 
 class FileSizeLimitAt(beatloop.Callback):
@@ -53,16 +53,13 @@ def main(spec: dict) -> int:
         callbacks.append(SignalAt(spec["kill_at"], signal.SIGKILL))
     if spec.get("full_disk_at") is not None:
         callbacks.append(FileSizeLimitAt(spec["full_disk_at"], 1024))
-    data = None
-    if spec.get("data") is not None:  # what ``run --data KIND:PATH --data-set ...`` passes
-        from beatloop.sources import NamedData
-
-        data = NamedData(spec["data"], tuple(spec.get("data_set", ())))
+    named = spec.get("data")  # {"source": "KIND:PATH", "settings": [...]}: as --data gives
+    data = NamedData(named["source"], tuple(named.get("settings", ()))) if named else None
     try:
         result = beatloop.fit(
             spec["recipe"],
-            config=spec.get("config"),
             data=data,
+            config=spec.get("config"),
             epochs=spec["epochs"],
             seed=spec.get("seed"),
             run_dir=spec["run_dir"],
