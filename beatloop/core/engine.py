@@ -34,6 +34,7 @@ from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
 from beatloop.core.stream import DataStream, epoch_length
 from beatloop.core.user_code import in_recipe
+from beatloop.core.workers import agree_on_start, lost_worker_error, worker_of
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -45,6 +46,8 @@ class Engine:
     ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
     ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there.
     ``callbacks`` may hold Keras callbacks (see ``beatloop.core.keras_callbacks``).
+    ``read_dir``: the run dir whose checkpoints a resume restores, when it is not
+    ``run_dir`` (a multi-worker run's other workers write elsewhere: ``core/workers.py``).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class Engine:
         seed: int = 0,
         label: str | None = None,
         strategy: tf.distribute.Strategy | None = None,
+        read_dir: Path | None = None,
     ):
         options = recipe_options(options or EngineOptions(), recipe)
         parts = assemble(
@@ -70,6 +74,9 @@ class Engine:
             raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
         self.parts = parts
         self.options = options
+        self._strategy, self.worker = strategy, worker_of(strategy)
+        self._read_dir = read_dir or run_dir
+        self._agreed = self.worker.count == 1  # multi-worker: checked once, at the start
         self._labels = label_settings(recipe)  # read only when a label is out of range
         self.stream = DataStream(data, parts.counters, strategy)
         auto = options.steps_per_execution == AUTO
@@ -82,7 +89,8 @@ class Engine:
             checkpoint_every=options.checkpoint_every if run_dir is not None else None,
         )  # fmt: skip
         self.recovery = Recovery(
-            run_checkpoints(parts, run_dir, options), parts.record, callbacks=self.callbacks,
+            run_checkpoints(parts, run_dir, options, read_dir), parts.record,
+            callbacks=self.callbacks,
             counters=parts.counters, metrics=parts.train_metrics, options=options,
         )  # fmt: skip
         self.run = Run(
@@ -95,6 +103,7 @@ class Engine:
             steps_per_epoch=steps_per_epoch,
             seed=seed,
             checkpoints=self.recovery.saved,
+            worker=self.worker,
         )
         self._fitting = False
         self.evaluation = Evaluation(
@@ -137,6 +146,9 @@ class Engine:
         return its path (``fit`` calls this first; calling it again does nothing)."""
         if self.run.resumed_from is None:
             self.run.resumed_from = self.recovery.resume()
+            if not self._agreed:  # before any worker writes a checkpoint
+                self._agreed = True
+                agree_on_start(self._strategy, self.worker, self._read_dir, self.run.resumed_from)
             if self.run.resumed_from is not None:
                 self.stream.reposition()
                 enter_phase(self, int(self.parts.counters.epoch))
@@ -162,13 +174,29 @@ class Engine:
                 while run.epoch < epochs and not run.stop_training:
                     logs = self._run_epoch(run.epoch)
         except BaseException as error:
-            self.callbacks.fire("exception", run, error)
+            lost = self._lost_worker(error)
+            self.callbacks.fire("exception", run, lost or error)
+            if lost is not None:
+                raise lost from error
             raise
         finally:
             self._fitting = False
             self.stream.wait()
         self.callbacks.fire("fit_end", run, logs)
         return logs
+
+    def _lost_worker(self, error: BaseException):
+        """The WorkerLostError ``error`` amounts to when another worker went away."""
+        if self.worker.count == 1:
+            return None
+        try:
+            where = self.parts.counters.where()
+        except Exception:  # the runtime is failing: say less
+            where = "a step"
+        return lost_worker_error(
+            error, self.worker, where=where, run_dir=self._read_dir,
+            checkpoint=self.recovery.latest,
+        )  # fmt: skip
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch: its training calls, validation, then the epoch's end."""

@@ -1,0 +1,192 @@
+"""Multi-worker runs from the command line: three worker processes on 127.0.0.1
+(``beatloop run ... --strategy multi_worker``, TF_CONFIG each) given one ``--run-dir``.
+The chief writes it, the other workers write only temporary dirs removed at the end;
+they train to the one-device weights; one worker SIGKILLed mid-epoch stops the others
+with a WorkerLostError (exit 6) within the documented time, and starting all three
+again with the same command ends bit-identical to the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import start_python
+from test_distribution import free_ports
+
+WORKER = Path(__file__).parent / "workers" / "cluster_run.py"
+WORKERS = 3
+#: What each recipe's runs are given besides the data, the run dir and the strategy:
+#: 256 training digits, batches of 32 (10 steps an epoch), calls of 2 steps.
+SETTINGS = {
+    "supervised": ["--set", "optimizer=sgd", "--set", "learning_rate=0.1"],
+    "gan": ["--set", "n_critic=2", "--set", "quality_samples=32"],
+}
+#: What the chief writes in the run dir (the lock file goes when the run ends).
+WRITTEN = {
+    "supervised": {"run.json", "history.jsonl", "checkpoints"},
+    "gan": {
+        "run.json", "history.jsonl", "checkpoints", "samples", "samples.png",
+        "digits_classifier.weights.h5",
+    },
+}  # fmt: skip
+#: The documented bound on how long the surviving workers take to stop (docs/speed.md).
+STOP_SECONDS = 30
+
+
+def digits_npz(path: Path, recipe: str) -> Path:
+    """The first 320 digits (a fifth held out for validation), as the recipe takes them."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.images[:320].reshape(-1, 64) / 16.0).astype(np.float32)
+    if recipe == "gan":
+        np.savez(path, x=2 * x - 1)
+    else:
+        np.savez(path, x=x, y=digits.target[:320].astype(np.int64))
+    return path
+
+
+def command(recipe: str, data: Path, run_dir: Path, *, cluster: bool = True) -> list[str]:
+    """``beatloop run``'s arguments (after ``run``), the same for every worker."""
+    args = [
+        recipe, "--data", f"npz:{data}", "--epochs", "2", "--seed", "7", "--run-dir",
+        str(run_dir), "--steps-per-execution", "2", "--checkpoint-every", "2", "--quiet",
+        *SETTINGS[recipe],
+    ]  # fmt: skip
+    return [*args, "--strategy", "multi_worker"] if cluster else args
+
+
+def start_cluster(args: list[str], scratch: Path, kill_when: Path | None = None) -> list:
+    """Three workers on free ports, each with its own TMPDIR under ``scratch``
+    (``scratch/tmpN``); worker 2 SIGKILLs itself once ``kill_when`` exists."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(WORKERS)]}
+    processes = []
+    for index in range(WORKERS):
+        temporary = scratch / f"tmp{index}"
+        temporary.mkdir(parents=True, exist_ok=True)
+        config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        kill = str(kill_when) if kill_when is not None and index == WORKERS - 1 else None
+        processes.append(
+            start_python(
+                WORKER, *args, TF_CONFIG=json.dumps(config), TMPDIR=str(temporary), KILL_WHEN=kill
+            )
+        )
+    return processes
+
+
+def finish(processes: list, timeout: float = 240) -> list[tuple[int, str, str]]:
+    """Every process's (exit code, stdout, stderr); all killed on a hang."""
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+        return [(p.returncode, *output) for p, output in zip(processes, outputs, strict=True)]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+def succeeded(results) -> None:
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+
+
+def checkpoint_tensors(run_dir: Path) -> dict[str, np.ndarray]:
+    """Every numeric tensor of the run dir's latest checkpoint, by checkpoint key."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    tensors = {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()}
+    return {key: value for key, value in tensors.items() if isinstance(value, np.ndarray)}
+
+
+def model_weights(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {key: value for key, value in tensors.items() if key.startswith("model_variables/")}
+
+
+_RUNS: dict[str, dict] = {}
+
+
+def uninterrupted(recipe: str, tmp_path_factory) -> dict:
+    """The recipe's three-worker run and its one-device twin (run once per session):
+    ``{"cluster": run dir, "single": run dir, "results": per worker, "scratch": dir}``."""
+    if recipe not in _RUNS:
+        base = tmp_path_factory.mktemp(f"{recipe}-uninterrupted")
+        data = digits_npz(base / "digits.npz", recipe)
+        cluster = start_cluster(command(recipe, data, base / "run"), base)
+        single = start_python(WORKER, *command(recipe, data, base / "single", cluster=False))
+        results = finish([*cluster, single])
+        succeeded(results)
+        _RUNS[recipe] = {
+            "base": base, "data": data, "cluster": base / "run", "single": base / "single",
+            "results": results[:WORKERS],
+        }  # fmt: skip
+    return _RUNS[recipe]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["supervised", "gan"])
+def test_three_workers_train_like_one_device_and_only_the_chief_writes(recipe, tmp_path_factory):
+    run = uninterrupted(recipe, tmp_path_factory)
+    run_dir = run["cluster"]
+    assert {path.name for path in run_dir.iterdir()} == WRITTEN[recipe]
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in history] == [1, 2]  # one writer: each epoch once
+    assert json.loads((run_dir / "run.json").read_text())["epochs"] == 2
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.index")) == [
+        "ckpt-10.index", "ckpt-11.index", "ckpt-9.index",
+    ]  # fmt: skip
+    for index in range(WORKERS):  # the other workers' temporary dirs are gone
+        assert list((run["base"] / f"tmp{index}").iterdir()) == []
+    # Every worker reports the chief's run dir and checkpoint, not its own dir.
+    for _, out, _ in run["results"]:
+        assert f"checkpoint: {run_dir / 'checkpoints' / 'ckpt-11'}" in out
+    cluster, single = checkpoint_tensors(run_dir), checkpoint_tensors(run["single"])
+    moved = model_weights(cluster)
+    assert sorted(moved) == sorted(model_weights(single))
+    # Three share-of-batch gradients summed instead of one: float32 round-off, against
+    # weights that training moved far more.
+    largest = max(float(np.abs(moved[key] - single[key]).max()) for key in moved)
+    assert largest < 1e-5, largest
+    assert cluster["state/step/.ATTRIBUTES/VARIABLE_VALUE"] == 20
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_epoch_stops_the_others_and_all_resume_exactly(tmp_path_factory):
+    reference = uninterrupted("gan", tmp_path_factory)
+    base = tmp_path_factory.mktemp("gan-killed")
+    run_dir = base / "run"
+    args = command("gan", reference["data"], run_dir)
+    trigger = run_dir / "checkpoints" / "ckpt-8.index"  # step 14, mid-epoch 2
+    processes = start_cluster(args, base, kill_when=trigger)
+    while not trigger.exists() and all(p.poll() is None for p in processes):
+        time.sleep(0.005)
+    killed_at = time.monotonic()
+    results = finish(processes, timeout=120)
+    stopped = time.monotonic() - killed_at
+    print(f"the survivors stopped {stopped:.1f} s after the kill")
+    assert results[WORKERS - 1][0] == -9  # the one killed
+    for code, _, err in results[: WORKERS - 1]:
+        assert code == 6, err[-3000:]
+        assert "of the 3 workers was lost at step" in err, err[-3000:]
+        assert "start all 3 workers again with the same command to resume" in err
+        assert "Traceback" not in err
+    chief_error = results[0][2]
+    assert "worker 2 of the 3 workers was lost" in chief_error
+    assert f"the run dir {run_dir} holds its last checkpoint, ckpt-" in chief_error
+    assert stopped < STOP_SECONDS, stopped
+    for index in range(WORKERS - 1):  # the survivors' temporary dirs are gone
+        assert list((base / f"tmp{index}").iterdir()) == []
+
+    restarted = finish(start_cluster(args, base))
+    succeeded(restarted)
+    assert "resumed from ckpt-" in restarted[0][1]
+    assert {path.name for path in run_dir.iterdir()} == WRITTEN["gan"]
+    resumed, whole = checkpoint_tensors(run_dir), checkpoint_tensors(reference["cluster"])
+    assert sorted(resumed) == sorted(whole)
+    assert any("optimizers/" in key and "momentum" in key for key in whole)  # Adam's slots
+    for key in whole:  # every weight, optimizer slot, counter and generator state
+        np.testing.assert_array_equal(resumed[key], whole[key], err_msg=key)
