@@ -100,7 +100,8 @@ def checkpoint_tensors(run_dir: Path) -> dict[str, np.ndarray]:
 
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
     tensors = {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()}
-    return {key: value for key, value in tensors.items() if isinstance(value, np.ndarray)}
+    numeric = {key: np.asarray(value) for key, value in tensors.items()}
+    return {key: value for key, value in numeric.items() if value.dtype.kind in "biuf"}
 
 
 def model_weights(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -34,7 +34,7 @@ from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
 from beatloop.core.stream import DataStream, epoch_length
 from beatloop.core.user_code import in_recipe
-from beatloop.core.workers import agree_on_start, lost_worker_error, worker_of
+from beatloop.core.workers import Cluster
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -44,11 +44,8 @@ class Engine:
 
     ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
     ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
-    ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there.
-    ``callbacks`` may hold Keras callbacks (see ``beatloop.core.keras_callbacks``).
-    ``read_dir``: the run dir whose checkpoints a resume restores, when it is not
-    ``run_dir`` (a multi-worker run's other workers write elsewhere: ``core/workers.py``).
-    """
+    ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there (or in
+    ``read_dir``: ``workers.py``). ``callbacks`` may hold Keras callbacks."""
 
     def __init__(
         self,
@@ -74,9 +71,6 @@ class Engine:
             raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
         self.parts = parts
         self.options = options
-        self._strategy, self.worker = strategy, worker_of(strategy)
-        self._read_dir = read_dir or run_dir
-        self._agreed = self.worker.count == 1  # multi-worker: checked once, at the start
         self._labels = label_settings(recipe)  # read only when a label is out of range
         self.stream = DataStream(data, parts.counters, strategy)
         auto = options.steps_per_execution == AUTO
@@ -89,9 +83,9 @@ class Engine:
             checkpoint_every=options.checkpoint_every if run_dir is not None else None,
         )  # fmt: skip
         self.recovery = Recovery(
-            run_checkpoints(parts, run_dir, options, read_dir), parts.record,
-            callbacks=self.callbacks,
-            counters=parts.counters, metrics=parts.train_metrics, options=options,
+            run_checkpoints(parts, run_dir, options, read_dir), parts.record, options=options,
+            cluster=Cluster(strategy, read_dir or run_dir), callbacks=self.callbacks,
+            counters=parts.counters, metrics=parts.train_metrics,
         )  # fmt: skip
         self.run = Run(
             recipe=recipe,
@@ -103,7 +97,7 @@ class Engine:
             steps_per_epoch=steps_per_epoch,
             seed=seed,
             checkpoints=self.recovery.saved,
-            worker=self.worker,
+            worker=self.recovery.cluster.worker,
         )
         self._fitting = False
         self.evaluation = Evaluation(
@@ -146,9 +140,6 @@ class Engine:
         return its path (``fit`` calls this first; calling it again does nothing)."""
         if self.run.resumed_from is None:
             self.run.resumed_from = self.recovery.resume()
-            if not self._agreed:  # before any worker writes a checkpoint
-                self._agreed = True
-                agree_on_start(self._strategy, self.worker, self._read_dir, self.run.resumed_from)
             if self.run.resumed_from is not None:
                 self.stream.reposition()
                 enter_phase(self, int(self.parts.counters.epoch))
@@ -174,29 +165,13 @@ class Engine:
                 while run.epoch < epochs and not run.stop_training:
                     logs = self._run_epoch(run.epoch)
         except BaseException as error:
-            lost = self._lost_worker(error)
-            self.callbacks.fire("exception", run, lost or error)
-            if lost is not None:
-                raise lost from error
+            self.callbacks.fire("exception", run, error)
             raise
         finally:
             self._fitting = False
             self.stream.wait()
         self.callbacks.fire("fit_end", run, logs)
         return logs
-
-    def _lost_worker(self, error: BaseException):
-        """The WorkerLostError ``error`` amounts to when another worker went away."""
-        if self.worker.count == 1:
-            return None
-        try:
-            where = self.parts.counters.where()
-        except Exception:  # the runtime is failing: say less
-            where = "a step"
-        return lost_worker_error(
-            error, self.worker, where=where, run_dir=self._read_dir,
-            checkpoint=self.recovery.latest,
-        )  # fmt: skip
 
     def _run_epoch(self, epoch: int) -> dict[str, float]:
         """One epoch: its training calls, validation, then the epoch's end."""
@@ -261,18 +236,15 @@ class Engine:
         inference mode; touches no trainable variable."""
         run = run or self.run
         self.callbacks.fire("validation_start", run)
-        logs = self.evaluation.run(
-            self.parts.validation_loop, self.pace.steps, wait=not self._fitting
-        )
+        loop, wait = self.parts.validation_loop, not self._fitting
+        logs = self.evaluation.run(loop, self.pace.steps, wait=wait)
         self.callbacks.fire("validation_end", run, logs)
         return logs
 
     def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
         """The validation figures, without their ``val_`` prefix, for the models as they
-        are, over ``data`` (``None``: the validation data); see
-        ``evaluate``. Fires no event. Under
-        ``steps_per_execution="auto"`` it runs the K training chose, or
-        ``EVALUATION_STEPS`` before one is chosen."""
+        are, over ``data`` (``None``: the validation data); fires no event. Under ``"auto"``
+        it runs the K training chose, or ``EVALUATION_STEPS`` before one is chosen."""
         if steps_per_execution in (None, AUTO):
             steps_per_execution = self.pace.steps if self.pace.settled else EVALUATION_STEPS
         return self.evaluation.evaluate(data, steps_per_execution=steps_per_execution)

@@ -176,6 +176,8 @@ def lost_worker_error(
     message = failure.message or str(failure)
     lost = lost_tasks(message, worker)
     who = " and ".join(lost) if lost else "another worker"
+    if not worker.is_chief and lost and all("chief" in name for name in lost):
+        who += " (which stops when any worker is lost: its message names that worker)"
     why = _GONE.search(message)
     saved = (
         f"the run dir {run_dir} holds its last checkpoint, {Path(checkpoint).name}"
@@ -190,3 +192,31 @@ def lost_worker_error(
     )
     found.original = failure
     return found
+
+
+class Cluster:
+    """A run's view of its cluster, for the engine's recovery: the worker it is, the
+    start every worker must agree on (checked once), and a lost worker in words."""
+
+    def __init__(self, strategy: tf.distribute.Strategy | None, read_dir: Path | None):
+        self.strategy, self.read_dir = strategy, read_dir
+        self.worker = worker_of(strategy)
+        self._agreed = self.worker.count == 1  # one worker: nothing to agree on
+
+    def start(self, restored: str | None) -> None:
+        """After a resume (found or not), before any worker writes: ``agree_on_start``."""
+        if not self._agreed:
+            self._agreed = True
+            agree_on_start(self.strategy, self.worker, self.read_dir, restored)
+
+    def lost(self, error: BaseException, counters, checkpoint: str | None):
+        """The WorkerLostError ``error`` amounts to, if another worker went away."""
+        if self.worker.count == 1:
+            return None
+        try:
+            where = counters.where()
+        except Exception:  # the runtime is failing: say less
+            where = "a step"
+        return lost_worker_error(
+            error, self.worker, where=where, run_dir=self.read_dir, checkpoint=checkpoint
+        )
