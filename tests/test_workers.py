@@ -192,3 +192,68 @@ def test_a_worker_killed_mid_epoch_stops_the_others_and_all_resume_exactly(tmp_p
     assert any("optimizers/" in key and "momentum" in key for key in whole)  # Adam's slots
     for key in whole:  # every weight, optimizer slot, counter and generator state
         np.testing.assert_array_equal(resumed[key], whole[key], err_msg=key)
+
+
+# TensorFlow's words, as the surviving workers received them (TF 2.21, 127.0.0.1).
+RESET = (
+    "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+    "information from remote target /job:worker/replica:0/task:2 while calling "
+    "/tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:Error received from peer\nAdditional GRPC "
+    "error information from remote target /job:worker/replica:0/task:0 while calling "
+    "/tensorflow.WorkerService/RecvBuf"
+)
+HEARTBEATS = (
+    "Collective ops is aborted by: Error reported from /job:worker/task:1: The following "
+    "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe "
+    "tasks have crashed."
+)
+
+
+def test_a_lost_worker_is_named_from_tensorflows_words(tmp_path):
+    import tensorflow as tf
+
+    from beatloop.core.errors import DataError
+    from beatloop.core.workers import Worker, lost_worker_error
+
+    chief, second = Worker("worker", 0, 3), Worker("worker", 1, 3)
+    assert chief.is_chief and not second.is_chief
+    assert Worker("worker", 0, 3, has_chief_task=True).is_chief is False
+    assert Worker("chief", 0, 3, has_chief_task=True).is_chief
+    for message, worker in ((RESET, second), (HEARTBEATS, chief)):
+        error = tf.errors.UnavailableError(None, None, message)
+        lost = lost_worker_error(
+            DataError("wrapped"), worker, where="x", run_dir=None, checkpoint=None
+        )
+        assert lost is None  # beatloop's own error, no TensorFlow one behind it
+        lost = lost_worker_error(
+            error, worker, where="step 14, in epoch 2", run_dir=tmp_path,
+            checkpoint=str(tmp_path / "checkpoints" / "ckpt-8"),
+        )  # fmt: skip
+        assert str(lost).startswith("worker 2 of the 3 workers was lost at step 14, in epoch 2")
+        assert f"the run dir {tmp_path} holds its last checkpoint, ckpt-8" in str(lost)
+        assert lost.exit_code == 6 and lost.original is error
+    # The error reached through another one's cause (a checkpoint that could not be saved).
+    try:
+        try:
+            raise tf.errors.UnavailableError(None, None, RESET)
+        except tf.errors.OpError as error:
+            raise OSError("could not write") from error
+    except OSError as wrapped:
+        assert lost_worker_error(wrapped, chief, where="a step", run_dir=None, checkpoint=None)
+    # One worker alone, or an error naming no task: not a lost worker.
+    alone = tf.errors.UnavailableError(None, None, RESET)
+    assert lost_worker_error(alone, Worker(), where="x", run_dir=None, checkpoint=None) is None
+    plain = tf.errors.UnavailableError(None, None, "a file system is unavailable")
+    assert lost_worker_error(plain, chief, where="x", run_dir=None, checkpoint=None) is None
+
+
+def test_only_the_chief_writes_the_run_dir_and_the_others_temporary_dirs_go(tmp_path):
+    from beatloop.core.workers import Worker, write_dir
+
+    with write_dir(tmp_path / "run", Worker("worker", 0, 3)) as written:
+        assert written == tmp_path / "run"
+    with pytest.raises(RuntimeError), write_dir(tmp_path / "run", Worker("worker", 1, 3)) as other:
+        assert other != tmp_path / "run" and other.is_dir()
+        (other / "history.jsonl").write_text("{}\n")
+        raise RuntimeError("the run failed")
+    assert not other.exists()
