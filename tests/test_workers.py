@@ -192,7 +192,13 @@ def test_a_worker_killed_mid_epoch_stops_the_others_and_all_resume_exactly(tmp_p
     slots = [key for key in whole if key.startswith("optimizers/d_optimizer/_variables/")]
     assert len(slots) == 12  # Adam's two slots for each of the discriminator's 6 variables
     for key in whole:  # every weight, optimizer slot, counter and generator state
-        np.testing.assert_array_equal(resumed[key], whole[key], err_msg=key)
+        if key.startswith("metrics/"):
+            # Figures only: a synchronised-on-read accumulator is saved as the sum over
+            # the workers and restored as a third of it on each, so the sum read back
+            # may move by one float32 unit in the last place.
+            np.testing.assert_allclose(resumed[key], whole[key], rtol=2e-7, err_msg=key)
+        else:
+            np.testing.assert_array_equal(resumed[key], whole[key], err_msg=key)
 
 
 # TensorFlow's words, as the surviving workers received them (TF 2.21, 127.0.0.1).
