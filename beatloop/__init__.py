@@ -83,6 +83,7 @@ _EXPORTS = {
     "CallbackError": "beatloop.core.errors",
     "NumericsError": "beatloop.core.errors",
     "CollectiveError": "beatloop.core.collectives",
+    "WorkerLostError": "beatloop.core.workers",
     "RunDirError": "beatloop.core.errors",
     "CheckpointError": "beatloop.core.errors",
     "RunInterrupted": "beatloop.core.errors",
@@ -158,6 +159,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.supplied import SuppliedModel
     from beatloop.core.transforms import PCGrad
     from beatloop.core.updates import EMA, Act, Copy, Update
+    from beatloop.core.workers import WorkerLostError
     from beatloop.environment_base import Environment
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (

@@ -37,6 +37,7 @@ from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
 from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir, remove_leftovers
 from beatloop.core.run_lock import RunDirLock
+from beatloop.core.workers import worker_of, write_dir
 from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
@@ -118,9 +119,13 @@ def fit(
     ``ConfigError``, nothing rewritten), as many returns at once, more continues the run
     (``run.json`` records each start's ``epochs`` in ``epochs_asked``). A run holds a lock
     on its run dir while it lives: a second run on it is refused (``RunDirError``, naming
-    the holder). SIGTERM, like Ctrl-C, saves a checkpoint at the next call boundary and
-    raises ``RunInterrupted`` (``exit_code`` 143; 130 for Ctrl-C). The seed is taken
-    from the checkpoint when omitted; a different recipe, config or seed is refused.
+    the holder). Under a ``MultiWorkerMirroredStrategy`` every worker is given the same
+    ``run_dir`` (a shared file system): the chief writes it, the other workers write a
+    temporary dir of their own (removed at the end) and restore the chief's checkpoints;
+    a worker lost raises ``WorkerLostError`` on the others (docs/speed.md). SIGTERM, like
+    Ctrl-C, saves a checkpoint at the next call boundary and raises ``RunInterrupted``
+    (``exit_code`` 143; 130 for Ctrl-C). The seed is taken from the checkpoint when
+    omitted; a different recipe, config or seed is refused.
     ``on_nan="rollback"`` answers a non-finite loss or
     gradient norm by restoring the last checkpoint and going on after the offending
     batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
@@ -153,7 +158,8 @@ def fit(
         divergence=divergence, divergence_window=divergence_window,
     )  # fmt: skip
     run_path = None if run_dir is None else Path(run_dir)
-    if run_path is not None:
+    worker = worker_of(strategy)
+    if run_path is not None and worker.is_chief:
         check_run_dir(run_path)  # before anything is built or written
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
@@ -167,15 +173,23 @@ def fit(
         engine, history, _ = build(None)
         engine.fit(epochs)
         return _result(engine, history)
+    if not worker.is_chief:  # writes a dir of its own, reads the chief's checkpoints
+        with write_dir(run_path, worker) as scratch:
+            build = functools.partial(build, read_dir=run_path)
+            result = _fit_in_run_dir(build, scratch, epochs, RunDirBefore(scratch, created=True))
+        return _as_in_run_dir(result, scratch, run_path)
     with RunDirLock.acquire(run_path) as lock:  # one run per run dir, until it ends
         before = RunDirBefore(run_path, created=lock.created_dir)
         return _fit_in_run_dir(build, run_path, epochs, before)
 
 
-def _build_engine(recipe, data, seed, run_path, *, options, callbacks, progress, **parts):
+def _build_engine(
+    recipe, data, seed, run_path, *, options, callbacks, progress, read_dir=None, **parts
+):
     """The run's engine (seed set, data made) with its ``History``, and the data source
-    named on the command line (``None`` without one)."""
-    seed = _seed_everything(seed, run_path)
+    named on the command line (``None`` without one); ``read_dir``: the run dir it
+    resumes from when it writes another (a multi-worker run's other workers)."""
+    seed = _seed_everything(seed, read_dir or run_path)
     source = data.to_json() if isinstance(data, NamedData) else None
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
@@ -184,9 +198,21 @@ def _build_engine(recipe, data, seed, run_path, *, options, callbacks, progress,
     steps = options.steps_per_execution
     engine = Engine(
         recipe, split, options=options, seed=seed, run_dir=run_path,
-        callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)], **parts,
+        callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)],
+        read_dir=read_dir, **parts,
     )  # fmt: skip
     return engine, history, source
+
+
+def _as_in_run_dir(result: FitResult, scratch: Path, run_path: Path) -> FitResult:
+    """A non-chief worker's result naming the run dir and the chief's files, not the
+    temporary dir it wrote (gone by now)."""
+
+    def moved(path):
+        return run_path / Path(path).relative_to(scratch)
+
+    artifacts = {name: moved(path) for name, path in result.artifacts.items()}
+    return attrs.evolve(result, run_dir=run_path, artifacts=artifacts)
 
 
 def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) -> FitResult:

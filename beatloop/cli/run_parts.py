@@ -83,3 +83,8 @@ def check_tf_config(text: str | None) -> None:
             "TF_CONFIG must name the cluster's workers (cluster.worker) and this worker's "
             f"task.index; found {text!r}; {example}"
         )
+    if task.get("type", "worker") not in ("chief", "worker"):
+        raise ConfigError(
+            f"TF_CONFIG's task.type is {task.get('type')!r}, but a multi-worker run trains "
+            f"on the tasks 'chief' and 'worker' only; found {text!r}; {example}"
+        )

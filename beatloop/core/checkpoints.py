@@ -25,16 +25,19 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from beatloop.core.checkpoint_files import (  # noqa: F401  (latest_record, remove_leftovers: re-exported)
+    PREFIX,
+    UNREADABLE,
+    checkpoint_files,
+    latest_record,
+    listed_checkpoints,
+    number_of,
+    read_record,
+    remove_leftovers,
+)
 from beatloop.core.errors import CheckpointError
 from beatloop.core.record import RunRecord
 from beatloop.core.run_dir import writing
-
-PREFIX = "ckpt"
-# What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),
-# and the reader's IndexError/ValueError on garbled bytes.
-_UNREADABLE = (tf.errors.OpError, ValueError, IndexError, KeyError, RuntimeError, TypeError)
-_RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
-
 
 #: The checkpoint key of each beat's last loss value (kept since issue 14).
 LAST_VALUES = "last_values"
@@ -47,7 +50,12 @@ DIVERGENCE = "divergence"
 
 
 class RunCheckpoints:
-    """Saves and restores one run's state in ``directory`` (``RUN_DIR/checkpoints``)."""
+    """Saves and restores one run's state in ``directory`` (``RUN_DIR/checkpoints``).
+
+    ``read_from``: where restores read (default: ``directory``); a multi-worker run's
+    other workers save into a dir of their own and restore the chief's checkpoints
+    (``core/workers.py``), numbering theirs like the chief's and naming them by the
+    chief's paths."""
 
     def __init__(
         self,
@@ -62,8 +70,11 @@ class RunCheckpoints:
         divergence: Sequence = (),
         recipe_state: Mapping[str, tf.Variable] | None = None,
         max_to_keep: int = 3,
+        read_from: Path | None = None,
     ):
         self.directory = Path(directory)  # created by the first save
+        self.read_directory = self.directory if read_from is None else Path(read_from)
+        self._restored: str | None = None  # the path restored last (read_directory's)
         self._host = tf.Variable("", dtype=tf.string, trainable=False, name="host_state")
         self._record = tf.Variable("", dtype=tf.string, trainable=False, name="run_record")
         self._parts = {
@@ -102,10 +113,20 @@ class RunCheckpoints:
         listed = list(self.manager.checkpoints)
         return listed or checkpoint_files(self.directory)
 
+    def read_paths(self) -> list[str]:
+        """The prefixes restores choose from, oldest first (``read_directory``'s)."""
+        if self.read_directory == self.directory:
+            return self.paths()
+        return listed_checkpoints(self.read_directory)
+
     @property
     def latest(self) -> str | None:
+        """The newest checkpoint, by its path where restores read it."""
         paths = self.paths()
-        return paths[-1] if paths else None
+        return self._as_read(paths[-1]) if paths else self._restored
+
+    def _as_read(self, path: str) -> str:
+        return str(self.read_directory / Path(path).name)
 
     def restore_latest(self, expected: RunRecord) -> tuple[str, dict] | None:
         """Restore the newest readable checkpoint and return ``(path, host state)``;
@@ -113,29 +134,30 @@ class RunCheckpoints:
         warning (the previous one is tried); one whose record differs from ``expected``
         is refused with a CheckpointError, never half-restored."""
         failures = []
-        for path in reversed(self.paths()):
+        for path in reversed(self.read_paths()):
             try:
                 record = read_record(path)
-            except _UNREADABLE as error:
+            except UNREADABLE as error:
                 failures.append(path)
                 self._readable[path] = False
                 _warn_unreadable(path, error)
                 continue
-            record.refuse_if_different(expected, self.directory)
+            record.refuse_if_different(expected, self.read_directory)
             try:
                 status = self._reader(path).read(path)
                 status.assert_existing_objects_matched().expect_partial()
                 host = json.loads(self._host.numpy().decode("utf-8"))
-            except (*_UNREADABLE, AssertionError) as error:
+            except (*UNREADABLE, AssertionError) as error:
                 failures.append(path)
                 self._readable[path] = False
                 _warn_unreadable(path, error)
                 continue
             self._readable[path] = True
+            self._restored = path
             return path, host
         if failures:
             raise CheckpointError(
-                f"none of the checkpoints in {self.directory} could be read "
+                f"none of the checkpoints in {self.read_directory} could be read "
                 f"({', '.join(Path(p).name for p in failures)}); they are left as they are"
             )
         return None
@@ -180,7 +202,7 @@ class RunCheckpoints:
         untouched."""
         self._host.assign(json.dumps(host, default=_jsonable))
         self._record.assign(json.dumps(record.to_json()))
-        number = 1 + max((_number(p) for p in self.paths()), default=0)
+        number = 1 + max((number_of(p) for p in [*self.paths(), self._restored or ""]), default=0)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._rebuild_index()
@@ -195,7 +217,7 @@ class RunCheckpoints:
         self._readable[path] = True
         with writing(self.directory / "checkpoint", "remove the oldest checkpoints beside"):
             self._prune()
-        return path
+        return self._as_read(path)
 
     def _rebuild_index(self) -> None:
         """An index (``checkpoint``) that was deleted or damaged while checkpoint files
@@ -232,7 +254,7 @@ class RunCheckpoints:
                 for key in reader.get_variable_to_shape_map():
                     reader.get_tensor(key)
                 self._readable[path] = True
-            except _UNREADABLE:
+            except UNREADABLE:
                 self._readable[path] = False
         return self._readable[path]
 
@@ -259,56 +281,6 @@ class RunCheckpoints:
                 leftover.unlink(missing_ok=True)
 
 
-def remove_leftovers(directory: Path) -> list[str]:
-    """Remove what saves killed half-way left in ``directory``: TensorFlow's
-    ``ckpt-N_temp`` folders and a half-written index (``checkpoint.partial``). Called when
-    a run starts, with the run dir's lock held; returns the names removed."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [*directory.glob(f"{PREFIX}-*_temp"), *directory.glob("checkpoint.partial")]
-    for leftover in found:
-        if leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
-        else:
-            leftover.unlink(missing_ok=True)
-    return sorted(leftover.name for leftover in found)
-
-
-def checkpoint_files(directory: Path) -> list[str]:
-    """Checkpoint prefixes found on disk (by their ``.index`` files), oldest first."""
-    found = [str(p.with_suffix("")) for p in Path(directory).glob(f"{PREFIX}-*.index")]
-    return sorted(found, key=_number)
-
-
-def read_record(path: str) -> RunRecord:
-    """The run record stored in one checkpoint, read without restoring anything."""
-    value = tf.train.load_checkpoint(path).get_tensor(_RECORD_KEY)
-    return RunRecord.from_json(
-        json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
-    )
-
-
-def latest_record(run_dir: Path) -> RunRecord | None:
-    """The record of the newest readable checkpoint under ``run_dir``, if any."""
-    directory = Path(run_dir) / "checkpoints"
-    if not directory.is_dir():
-        return None
-    state = tf.train.get_checkpoint_state(str(directory))
-    listed = list(state.all_model_checkpoint_paths) if state else []
-    for path in reversed(listed or checkpoint_files(directory)):
-        try:
-            return read_record(path)
-        except _UNREADABLE:
-            continue
-    return None
-
-
-def _number(path: str) -> int:
-    match = re.search(rf"{PREFIX}-(\d+)$", str(path))
-    return int(match.group(1)) if match else 0
-
-
 def _warn_unreadable(path: str, error: Exception) -> None:
     warnings.warn(
         f"checkpoint {path} could not be read ({_first_line(error)}); trying the one before",
@@ -329,8 +301,11 @@ def _jsonable(value):
     return str(value)
 
 
-def run_checkpoints(parts, run_dir: Path | None, options) -> RunCheckpoints | None:
-    """The run dir's checkpoints (``run_dir/checkpoints``), or none without a run dir."""
+def run_checkpoints(
+    parts, run_dir: Path | None, options, read_dir: Path | None = None
+) -> RunCheckpoints | None:
+    """The run dir's checkpoints (``run_dir/checkpoints``; restored from
+    ``read_dir/checkpoints`` when given), or none without a run dir."""
     if run_dir is None:
         return None
     return RunCheckpoints(
@@ -344,4 +319,5 @@ def run_checkpoints(parts, run_dir: Path | None, options) -> RunCheckpoints | No
         divergence=[v for guard in parts.guards() for v in guard.variables()],
         recipe_state=parts.bound.state,
         max_to_keep=options.max_to_keep,
+        read_from=None if read_dir is None else Path(read_dir) / "checkpoints",
     )

@@ -34,6 +34,7 @@ from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
 from beatloop.core.stream import DataStream, epoch_length
 from beatloop.core.user_code import in_recipe
+from beatloop.core.workers import Cluster
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -43,9 +44,8 @@ class Engine:
 
     ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
     ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
-    ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there.
-    ``callbacks`` may hold Keras callbacks (see ``beatloop.core.keras_callbacks``).
-    """
+    ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there (or in
+    ``read_dir``: ``workers.py``). ``callbacks`` may hold Keras callbacks."""
 
     def __init__(
         self,
@@ -60,6 +60,7 @@ class Engine:
         seed: int = 0,
         label: str | None = None,
         strategy: tf.distribute.Strategy | None = None,
+        read_dir: Path | None = None,
     ):
         options = recipe_options(options or EngineOptions(), recipe)
         parts = assemble(
@@ -82,8 +83,9 @@ class Engine:
             checkpoint_every=options.checkpoint_every if run_dir is not None else None,
         )  # fmt: skip
         self.recovery = Recovery(
-            run_checkpoints(parts, run_dir, options), parts.record, callbacks=self.callbacks,
-            counters=parts.counters, metrics=parts.train_metrics, options=options,
+            run_checkpoints(parts, run_dir, options, read_dir), parts.record, options=options,
+            cluster=Cluster(strategy, read_dir or run_dir), callbacks=self.callbacks,
+            counters=parts.counters, metrics=parts.train_metrics,
         )  # fmt: skip
         self.run = Run(
             recipe=recipe,
@@ -95,6 +97,7 @@ class Engine:
             steps_per_epoch=steps_per_epoch,
             seed=seed,
             checkpoints=self.recovery.saved,
+            worker=self.recovery.cluster.worker,
         )
         self._fitting = False
         self.evaluation = Evaluation(
@@ -233,18 +236,15 @@ class Engine:
         inference mode; touches no trainable variable."""
         run = run or self.run
         self.callbacks.fire("validation_start", run)
-        logs = self.evaluation.run(
-            self.parts.validation_loop, self.pace.steps, wait=not self._fitting
-        )
+        loop, wait = self.parts.validation_loop, not self._fitting
+        logs = self.evaluation.run(loop, self.pace.steps, wait=wait)
         self.callbacks.fire("validation_end", run, logs)
         return logs
 
     def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
         """The validation figures, without their ``val_`` prefix, for the models as they
-        are, over ``data`` (``None``: the validation data); see
-        ``evaluate``. Fires no event. Under
-        ``steps_per_execution="auto"`` it runs the K training chose, or
-        ``EVALUATION_STEPS`` before one is chosen."""
+        are, over ``data`` (``None``: the validation data); fires no event. Under ``"auto"``
+        it runs the K training chose, or ``EVALUATION_STEPS`` before one is chosen."""
         if steps_per_execution in (None, AUTO):
             steps_per_execution = self.pace.steps if self.pace.settled else EVALUATION_STEPS
         return self.evaluation.evaluate(data, steps_per_execution=steps_per_execution)

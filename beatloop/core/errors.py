@@ -17,6 +17,7 @@ EXIT_CODES = {
     3: "a data error",
     4: "numerics: a non-finite or diverging loss or gradient",
     5: "a run dir or checkpoint error",
+    6: "another worker of a multi-worker run was lost: start every worker again to resume",
     130: "interrupted by Ctrl-C (SIGINT), after saving a checkpoint",
     143: "stopped by SIGTERM (kill, Slurm, Docker, Kubernetes), after saving a checkpoint",
 }

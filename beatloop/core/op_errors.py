@@ -22,6 +22,7 @@ from beatloop.core.batches import batch_shapes
 from beatloop.core.collectives import collective_error
 from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError, UserCodeError
 from beatloop.core.user_code import assertion_summary, called_as, own_frame
+from beatloop.core.workers import peer_failure
 
 #: A recipe's label keys: batch key -> (the config field giving its number of classes,
 #: that field's value). See ``beatloop.core.recipe.Recipe.label_classes``.
@@ -61,13 +62,15 @@ def data_errors(
     data set, its largest label read once, on the host, so the advice covers every
     label), an exception in the data pipeline, another op error in a step; a failed
     assertion of the recipe's own code becomes a UserCodeError and a failed
-    cross-replica collective op a CollectiveError. Other errors pass
-    unchanged."""
+    cross-replica collective op a CollectiveError. Other errors, and those saying another
+    worker went away, pass unchanged."""
     try:
         yield
     except InputMismatchError as error:
         raise error.completed(recipe=label, data_set=role) from None
     except tf.errors.OpError as error:
+        if peer_failure(error) is not None:
+            raise  # another worker went away: the engine says so (core/workers.py)
         failed = assertion_error(error, label)
         if failed is not None:
             raise failed from failed.original

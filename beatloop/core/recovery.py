@@ -23,6 +23,7 @@ from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import describe_checks
 from beatloop.core.options import EngineOptions
 from beatloop.core.record import RunRecord
+from beatloop.core.workers import Cluster
 
 #: The signals a run with a run dir turns into a checkpoint and a stop: Ctrl-C, and what
 #: kill, Slurm, Docker and Kubernetes send.
@@ -81,8 +82,10 @@ class Recovery:
         counters: Counters,
         metrics: StepMetrics,
         options: EngineOptions,
+        cluster: Cluster | None = None,
     ):
         self.checkpoints = checkpoints
+        self.cluster = cluster or Cluster(None, None)
         self.record = record
         self.callbacks = callbacks
         self.counters = counters
@@ -107,6 +110,7 @@ class Recovery:
         """Restore the latest readable checkpoint, if there is one, and return its path
         (the first call does this; later calls return what it found)."""
         if self.checkpoints is None or self._resume_checked:
+            self.cluster.start(self.resumed_from)  # without a run dir: checked all the same
             return self.resumed_from
         self._resume_checked = True
         restored = self.checkpoints.restore_latest(self.record)
@@ -115,6 +119,7 @@ class Recovery:
             self.callbacks.restore_state(host.get("callbacks", {}))
             self._saved_step = int(self.counters.step)
             self.resumed_from = path
+        self.cluster.start(self.resumed_from)
         return self.resumed_from
 
     def trains_more(self, epochs: int) -> bool:
@@ -211,11 +216,20 @@ class Recovery:
 
     # --- Ctrl-C and SIGTERM ------------------------------------------------------------
 
+    @contextlib.contextmanager
     def catching_interrupts(self):
         """While training: Ctrl-C or SIGTERM asks for a stop at the next call boundary
         (with a run dir, where a checkpoint can be saved; without one they act as usual:
-        Ctrl-C interrupts at once, SIGTERM ends the process)."""
-        return self._interrupt.catching(enabled=self.checkpoints is not None)
+        Ctrl-C interrupts at once, SIGTERM ends the process); an error saying another
+        worker went away becomes a ``WorkerLostError`` (``core/workers.py``)."""
+        try:
+            with self._interrupt.catching(enabled=self.checkpoints is not None):
+                yield
+        except BaseException as error:
+            lost = self.cluster.lost(error, self.counters, self.latest)
+            if lost is None:
+                raise
+            raise lost from error
 
     def stop_if_interrupted(self) -> None:
         """After Ctrl-C or SIGTERM: save a checkpoint at this call boundary and stop."""

@@ -9,6 +9,7 @@ import attrs
 
 from beatloop.core.binding import BoundSchedule
 from beatloop.core.counters import Counters
+from beatloop.core.workers import Worker
 
 
 @attrs.define(eq=False)
@@ -36,6 +37,9 @@ class Run:
     resumed_from: str | None = None
     #: Paths of the checkpoints written so far by this process, oldest first.
     checkpoints: list[str] = attrs.field(factory=list)
+    #: This process's place in a multi-worker run (``is_chief``: it writes the run dir;
+    #: every worker must read logs at the same points, as reading them is collective).
+    worker: Worker = attrs.field(factory=Worker)
 
     @property
     def steps_per_execution(self) -> int:

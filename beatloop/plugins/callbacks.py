@@ -115,8 +115,11 @@ class ProgressBar(Callback):
         status = None
         if now - self._last_refresh >= self.refresh_seconds:
             self._last_refresh = now
-            shown = {beat.name: logs[beat.name] for beat in run.bound.beats}
-            status = f"{format_logs(shown)}  {self._rate(run, now):,.0f} examples/s"
+            # Reading logs is collective across workers, and refreshes are timed per
+            # worker: a multi-worker run's bar shows the losses only at an epoch's end.
+            beats = run.bound.beats if run.worker.count == 1 else ()
+            shown = {beat.name: logs[beat.name] for beat in beats}
+            status = f"{format_logs(shown)}  {self._rate(run, now):,.0f} examples/s".strip()
         if status is None:
             self._progress.advance(self._task, steps)
         else:

@@ -1,0 +1,77 @@
+"""A run's checkpoint files on disk, read without restoring anything: the prefixes
+listed by the index (or found by their files when it is missing), the run record one
+holds, and what saves killed half-way left behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import tensorflow as tf
+
+from beatloop.core.record import RunRecord
+
+PREFIX = "ckpt"
+#: What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),
+#: and the reader's IndexError/ValueError on garbled bytes.
+UNREADABLE = (tf.errors.OpError, ValueError, IndexError, KeyError, RuntimeError, TypeError)
+_RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def listed_checkpoints(directory: Path) -> list[str]:
+    """Checkpoint prefixes in ``directory``, oldest first: the index's list, or the files
+    found when the index is missing or unreadable."""
+    state = tf.train.get_checkpoint_state(str(directory))
+    listed = list(state.all_model_checkpoint_paths) if state else []
+    return listed or checkpoint_files(directory)
+
+
+def remove_leftovers(directory: Path) -> list[str]:
+    """Remove what saves killed half-way left in ``directory``: TensorFlow's
+    ``ckpt-N_temp`` folders and a half-written index (``checkpoint.partial``). Called when
+    a run starts, with the run dir's lock held; returns the names removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [*directory.glob(f"{PREFIX}-*_temp"), *directory.glob("checkpoint.partial")]
+    for leftover in found:
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+    return sorted(leftover.name for leftover in found)
+
+
+def checkpoint_files(directory: Path) -> list[str]:
+    """Checkpoint prefixes found on disk (by their ``.index`` files), oldest first."""
+    found = [str(p.with_suffix("")) for p in Path(directory).glob(f"{PREFIX}-*.index")]
+    return sorted(found, key=number_of)
+
+
+def read_record(path: str) -> RunRecord:
+    """The run record stored in one checkpoint, read without restoring anything."""
+    value = tf.train.load_checkpoint(path).get_tensor(_RECORD_KEY)
+    return RunRecord.from_json(
+        json.loads(value.decode("utf-8") if isinstance(value, bytes) else value)
+    )
+
+
+def latest_record(run_dir: Path) -> RunRecord | None:
+    """The record of the newest readable checkpoint under ``run_dir``, if any."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return None
+    for path in reversed(listed_checkpoints(directory)):
+        try:
+            return read_record(path)
+        except UNREADABLE:
+            continue
+    return None
+
+
+def number_of(path: str) -> int:
+    """A checkpoint's number (``ckpt-N``), 0 for a path that is not one."""
+    match = re.search(rf"{PREFIX}-(\d+)$", str(path))
+    return int(match.group(1)) if match else 0
