@@ -11,8 +11,8 @@ with an error or is killed, the others are stopped (SIGTERM, then SIGKILL after
 SIGTERM) and the launcher exits with the lost worker's code. Ctrl-C or SIGTERM to the
 launcher is passed on once to every worker (each in its own session, so a terminal's
 Ctrl-C reaches them only that way), which save a checkpoint and stop; those still
-running after ``SIGNAL_GRACE`` seconds are killed. On Linux a worker is sent SIGTERM if
-the launcher itself dies.
+running after ``SIGNAL_GRACE`` seconds are killed. On Linux a worker is killed if the
+launcher itself dies.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -33,7 +33,7 @@ import attrs
 #: Seconds the other workers get to stop after one is lost, before they are killed.
 FAILURE_GRACE = 10.0
 #: Seconds the workers get to save a checkpoint after Ctrl-C or SIGTERM is passed on.
-SIGNAL_GRACE = 60.0
+SIGNAL_GRACE = 30.0
 #: Lines of a failed worker's output shown (worker 0's is on the terminal already).
 TAIL_LINES = 20
 #: Seconds between looks at the workers.
@@ -121,17 +121,20 @@ def launch(args, recipe: str | None) -> int:
     command = worker_command(args.argv, run_dir)
     addresses = [f"127.0.0.1:{port}" for port in free_ports(args.workers)]
     with tempfile.TemporaryDirectory(prefix="beatloop-workers-") as outputs:
-        workers = [
-            _start(command, addresses, index, Path(outputs)) for index in range(len(addresses))
-        ]
-        pids = ", ".join(str(w.process.pid) for w in workers)
-        print(
-            f"beatloop: {len(workers)} local workers on {', '.join(addresses)} (pids {pids}), "
-            f"run dir {where}; worker 0's output follows, another's only if it fails",
-            file=sys.stderr,
-            flush=True,
-        )
-        return Supervisor(workers, where).run()
+
+        def start(workers: list[Worker]) -> None:
+            for index in range(len(addresses)):
+                workers.append(_start(command, addresses, index, Path(outputs)))
+            pids = ", ".join(str(w.process.pid) for w in workers)
+            print(
+                f"beatloop: {len(workers)} local workers on {', '.join(addresses)} (pids "
+                f"{pids}), run dir {where}; worker 0's output follows, another's only if it "
+                "fails",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        return Supervisor(where).run(start)
 
 
 def _start(command: list[str], addresses: Sequence[str], index: int, outputs: Path) -> Worker:
@@ -158,27 +161,32 @@ def _start(command: list[str], addresses: Sequence[str], index: int, outputs: Pa
 
 
 def _death_signal():
-    """What a worker runs before the command, on Linux: ask for SIGTERM when the
+    """What a worker runs before the command, on Linux: ask for SIGKILL when the
     launcher dies (prctl PR_SET_PDEATHSIG), so no worker is left waiting for its
-    cluster. libc is looked up here, before the fork."""
+    cluster (SIGTERM would not do: TensorFlow's multi-worker runtime catches it outside
+    a run's training). libc is looked up here, before the fork."""
     import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    return lambda: prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    return lambda: prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 class Supervisor:
     """Waits for the workers; stops them all when one is lost or a signal comes."""
 
-    def __init__(self, workers: list[Worker], run_dir: Path):
-        self.workers, self.run_dir = workers, run_dir
+    def __init__(self, run_dir: Path):
+        self.workers: list[Worker] = []
+        self.run_dir = run_dir
         self.signal: int | None = None  # the signal passed on to the workers, if any
 
-    def run(self) -> int:
+    def run(self, start: Callable[[list[Worker]], None]) -> int:
+        """``start(workers)`` appends the workers it starts (a signal meanwhile reaches
+        those started); then wait for them, and stop them all."""
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for signum in previous:
             signal.signal(signum, self._pass_on)
         try:
+            start(self.workers)
             lost = self._wait_for_a_loss()
             if lost is not None:
                 return self._lost(lost)
@@ -194,7 +202,7 @@ class Supervisor:
         """Until every worker has ended, one has failed (it is returned: the lowest
         index among those failed), or a signal's grace is over."""
         deadline = None
-        while any(w.process.poll() is None for w in self.workers):
+        while [w.process.poll() for w in self.workers].count(None):
             failed = [w for w in self.workers if w.process.returncode not in (None, 0)]
             if failed and self.signal is None:
                 return failed[0]
