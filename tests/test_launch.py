@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from helpers import history_records, python_env
+from helpers import ROOT, history_records, python_env
 
 from beatloop.cli import build_parser, main
 from beatloop.cli.workers import exit_code, tf_config, worker_command
@@ -143,3 +143,34 @@ def test_two_workers_train_one_run_dir_like_one_device(tmp_path):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
         assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "shared"]
+
+
+def test_the_tfjob_manifest_parses_and_its_command_is_a_multi_worker_run():
+    yaml = pytest.importorskip("yaml")
+    text = (ROOT / "docs" / "tfjob.yaml").read_text()
+    claim, job = yaml.safe_load_all(text)
+    assert (claim["kind"], claim["spec"]["accessModes"]) == (
+        "PersistentVolumeClaim",
+        ["ReadWriteMany"],
+    )
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    assert (worker["replicas"], worker["restartPolicy"]) == (3, "OnFailure")
+    pod = worker["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][0] == "beatloop"
+    args = build_parser().parse_args(container["command"][1:])
+    assert (args.command, args.recipe, args.strategy, args.workers) == (
+        "run",
+        "supervised",
+        "multi_worker",
+        1,
+    )
+    assert str(args.run_dir).startswith("/runs/")
+    (mount,) = container["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert mount == {"name": volume["name"], "mountPath": "/runs"}
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    # docs/speed.md shows the same manifest (the file less its opening comment).
+    shown = (ROOT / "docs" / "speed.md").read_text().split("```yaml\n")[1].split("```")[0]
+    assert shown == text[text.index("apiVersion") :]

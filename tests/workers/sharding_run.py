@@ -4,8 +4,7 @@ SPEC_JSON`` (TF_CONFIG from the environment). For each source in the spec (``nam
 training data as a run would, distributes it as the engine does
 (``beatloop.core.stream._distributed``: tf.distribute's auto-shard), and records the
 example ids (batch key ``id``) this worker's replica is given, pass by pass; it writes
-``{name: [[ids of pass 1], [ids of pass 2], ...]}`` and the policy each source's data
-set asks for to ``out`` (JSON).
+``{name: [[ids of pass 1], [ids of pass 2], ...]}`` to ``out`` (JSON).
 
 ``tfrecord:`` data is read by the registered ``tfrecord`` source when there is one; until
 then by a hand-built pipeline of the same shape (files interleaved in order, parsed,
@@ -64,16 +63,11 @@ def seen(strategy, dataset: tf.data.Dataset, passes: int) -> list[list[int]]:
     return result
 
 
-def policy(dataset: tf.data.Dataset) -> str:
-    return str(dataset.options().experimental_distribute.auto_shard_policy).split(".")[-1]
-
-
 def main(spec: dict) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    report = {"workers": strategy.extended._num_workers, "sources": {}, "policies": {}}
+    report = {"workers": strategy.extended._num_workers, "sources": {}}
     for source in spec["sources"]:
         dataset = training_data(source, spec["seed"], spec["batch_size"])
-        report["policies"][source["name"]] = policy(dataset)
         report["sources"][source["name"]] = seen(strategy, dataset, spec["passes"])
     Path(spec["out"]).write_text(json.dumps(report))
 
