@@ -163,8 +163,9 @@ def _start(command: list[str], addresses: Sequence[str], index: int, outputs: Pa
 def _death_signal():
     """What a worker runs before the command, on Linux: ask for SIGKILL when the
     launcher dies (prctl PR_SET_PDEATHSIG), so no worker is left waiting for its
-    cluster (SIGTERM would not do: TensorFlow's multi-worker runtime catches it outside
-    a run's training). libc is looked up here, before the fork."""
+    cluster (SIGTERM would not do: a training run turns it into a stop at its next call
+    boundary, which a worker waiting on a lost peer never reaches). libc is looked up
+    here, before the fork."""
     import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
