@@ -160,9 +160,7 @@ def run(args) -> int:
     from beatloop.plugins.registry import get_recipe, registry
 
     args, file_config = _with_run_file(args)
-    # First: a MultiWorkerMirroredStrategy must configure the runtime before any op runs
-    # (the registry's recipe checks build optimizers).
-    distribution = strategy(args.strategy)
+    chosen = strategy(args.strategy)  # before any op: the registry's checks build optimizers
     cls = get_recipe(args.recipe)
     owner = f"recipe {cls.name!r}"
     overrides = {**file_config, **parse_settings(args.set, cls.Config, owner)}
@@ -177,7 +175,7 @@ def run(args) -> int:
         checkpoint_every=args.checkpoint_every, max_to_keep=args.max_to_keep,
         on_nan=args.on_nan, max_rollbacks=args.max_rollbacks, divergence=args.divergence,
         divergence_window=args.divergence_window, jit_compile=args.jit_compile,
-        precision=args.precision, strategy=distribution, data=data_option(args),
+        precision=args.precision, strategy=chosen, data=data_option(args),
     )  # fmt: skip
     _print_result(args, cls.name, result, run_dir)
     return 0
