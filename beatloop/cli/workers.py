@@ -6,13 +6,14 @@ same command N times with ``--workers 1 --strategy multi_worker`` appended (argp
 keeps an option's last value) and a ``TF_CONFIG`` naming the cluster and the worker's
 index; every worker gets the same ``--run-dir``. Worker 0's output is the run's output;
 the others' goes to a file each, shown only when that worker fails. When a worker ends
-with an error or is killed, the others are stopped (SIGTERM, then SIGKILL after
-``FAILURE_GRACE`` seconds: a worker waiting for a lost peer's collective does not answer
-SIGTERM) and the launcher exits with the lost worker's code. Ctrl-C or SIGTERM to the
-launcher is passed on once to every worker (each in its own session, so a terminal's
-Ctrl-C reaches them only that way), which save a checkpoint and stop; those still
-running after ``SIGNAL_GRACE`` seconds are killed. On Linux a worker is killed if the
-launcher itself dies.
+with an error or is killed, the others get ``FAILURE_GRACE`` seconds to stop by
+themselves (a run that lost a worker stops and says from which checkpoint it can
+resume), then are killed, and the launcher exits with the lost worker's code. No SIGTERM
+is sent them then: a run turns it into a checkpoint at its next call boundary, which a
+cluster short of a worker cannot make. Ctrl-C or SIGTERM to the launcher is passed on
+once to every worker (each in its own session, so a terminal's Ctrl-C reaches them only
+that way); those still running after ``SIGNAL_GRACE`` seconds are killed. On Linux a
+worker is killed if the launcher itself dies.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from pathlib import Path
 
 import attrs
 
-#: Seconds the other workers get to stop after one is lost, before they are killed.
-FAILURE_GRACE = 10.0
+#: Seconds the other workers get to stop by themselves after one is lost, before they
+#: are killed (a run notices a lost worker within its coordination service's heartbeat
+#: timeout, 10 s).
+FAILURE_GRACE = 30.0
 #: Seconds the workers get to save a checkpoint after Ctrl-C or SIGTERM is passed on.
 SIGNAL_GRACE = 30.0
 #: Lines of a failed worker's output shown (worker 0's is on the terminal already).
@@ -222,11 +225,11 @@ class Supervisor:
             if worker.process.poll() is None:
                 os.kill(worker.process.pid, signum)
 
-    def _stop(self, grace: float) -> None:
-        """SIGTERM to every running worker, SIGKILL to those still running after
-        ``grace`` seconds; then wait for all."""
+    def _stop(self, grace: float, terminate: bool = True) -> None:
+        """SIGTERM to every running worker (when ``terminate``), SIGKILL to those still
+        running after ``grace`` seconds; then wait for all."""
         running = [w.process for w in self.workers if w.process.poll() is None]
-        for process in running:
+        for process in running if terminate else ():
             process.terminate()
         deadline = time.monotonic() + grace
         while any(p.poll() is None for p in running) and time.monotonic() < deadline:
@@ -241,7 +244,7 @@ class Supervisor:
         not on the terminal), stop the others, and return its exit code."""
         code = exit_code(worker.process.returncode)
         failed = [w for w in self.workers if w.process.returncode not in (None, 0)]
-        self._stop(grace=FAILURE_GRACE)
+        self._stop(grace=FAILURE_GRACE, terminate=False)
         for each in failed:
             for line in _tail(each.output) if each.output is not None else ():
                 print(f"[worker {each.index}] {line}", file=sys.stderr)
