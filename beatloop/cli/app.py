@@ -25,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(command, args) -> int:
     """``command.run(args)`` in the terminal set-up the options ask for. ``list`` imports
-    TensorFlow on a cache miss only."""
+    TensorFlow on a cache miss only; a command whose ``without_tensorflow(args)`` says
+    so (``run --workers N`` starting its workers) not at all."""
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
 
     if args.verbose:
@@ -33,7 +34,8 @@ def _run(command, args) -> int:
 
         with grappler_lines.shown():
             return command.run(args)
-    if command.NAME == "list":
+    without = getattr(command, "without_tensorflow", None)
+    if command.NAME == "list" or (without is not None and without(args)):
         return command.run(args)
     import_tensorflow_quietly()
     with one_line_warnings():

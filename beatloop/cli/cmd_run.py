@@ -16,6 +16,7 @@ from beatloop.cli.options import (
     command_parser,
     data_option,
 )
+from beatloop.cli.workers import workers_count
 
 NAME = "run"
 
@@ -132,10 +133,27 @@ def _add_how_it_runs(run: argparse.ArgumentParser) -> None:
         default="none",
         help="mirrored: every local device; multi_worker: the cluster in TF_CONFIG",
     )
+    run.add_argument(
+        "--workers",
+        type=workers_count,
+        default=1,
+        metavar="N",
+        help="start N local worker processes of one multi_worker run on 127.0.0.1, all "
+        "with this --run-dir (1: a plain run)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
 
 
+def without_tensorflow(args) -> bool:
+    """``--workers N`` (N > 1) only starts the workers: it needs no TensorFlow."""
+    return args.workers > 1
+
+
 def run(args) -> int:
+    if args.workers > 1:
+        from beatloop.cli.workers import launch
+
+        return launch(args, _recipe_name(args))
     from beatloop.cli.run_parts import model_paths, resume_notice, strategy
     from beatloop.core.config import make_config, parse_settings
     from beatloop.fitting import fit
@@ -189,7 +207,7 @@ def _with_run_file(args) -> tuple[argparse.Namespace, dict]:
 
     merged, fields = vars(args).copy(), {}
     if args.config is not None:
-        run_file = read_run_file(args.config, {a.dest: a for a in _run_parser()._actions})
+        run_file = read_run_file(args.config, _run_file_options())
         run_file.refuse_other_recipe(args.recipe, lambda: _field_names(args.recipe))
         given = _given_options(args.argv)
         merged.update({k: v for k, v in run_file.options.items() if k not in given})
@@ -201,6 +219,21 @@ def _with_run_file(args) -> tuple[argparse.Namespace, dict]:
             "--config FILE"
         )
     return argparse.Namespace(**merged), fields
+
+
+def _recipe_name(args) -> str | None:
+    """The recipe named on the command line, else the run file's (``--config``)."""
+    from beatloop.run_file import read_run_file
+
+    if args.recipe is not None or args.config is None:
+        return args.recipe
+    return read_run_file(args.config, _run_file_options()).recipe
+
+
+def _run_file_options() -> dict[str, argparse.Action]:
+    """The options a run file may set: ``run``'s, but ``--workers`` (a launcher's, given
+    on the command line only: a run file read by each worker cannot start workers)."""
+    return {a.dest: a for a in _run_parser()._actions if a.dest != "workers"}
 
 
 def _field_names(recipe: str) -> list[str]:
