@@ -54,6 +54,31 @@ def test_auto_stays_small_when_the_step_dwarfs_the_overhead():
     assert pace.steps == 8  # no K past the three timed for the fit is wanted
 
 
+def test_workers_agreeing_on_timings_settle_on_one_k():
+    """Workers timed apart settle on different K alone; agreeing on the slowest worker's
+    timing (what ``workers.slowest_of`` does across a cluster) they settle alike, on the
+    K the slowest one alone would choose."""
+    costs = {"fast": (1e-4, 1e-3), "slow": (1e-2, 1e-3)}  # (per_call, per_step) seconds
+    alone = {name: AutoPace() for name in costs}
+    for name, (per_call, per_step) in costs.items():
+        timed(alone[name], per_call, per_step)
+    assert alone["fast"].steps != alone["slow"].steps
+
+    agreed: dict[str, AutoPace] = {}
+
+    def slowest(name: str):  # the largest of the workers' timings of this K
+        return lambda seconds: max(c + agreed[name].steps * s for c, s in costs.values())
+
+    agreed.update({name: AutoPace(agree=slowest(name)) for name in costs})
+    for _ in range(200):  # the workers' calls in step, as a cluster's are
+        for name, (per_call, per_step) in costs.items():
+            pace = agreed[name]
+            pace.observe(pace.steps, pace.steps, per_call + pace.steps * per_step)
+    assert agreed["fast"].settled and agreed["slow"].settled
+    assert agreed["fast"].steps == agreed["slow"].steps == alone["slow"].steps
+    assert agreed["fast"].timings == agreed["slow"].timings
+
+
 def test_calls_cut_short_and_first_calls_are_not_timed():
     pace = AutoPace(targets=AutoTargets(samples=1))
     pace.observe(1, 1, 100.0)  # the one-step function's first call: not timed

@@ -34,7 +34,7 @@ from beatloop.core.recovery import Recovery
 from beatloop.core.run import Run
 from beatloop.core.stream import DataStream, epoch_length
 from beatloop.core.user_code import in_recipe
-from beatloop.core.workers import Cluster
+from beatloop.core.workers import Cluster, slowest_of
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -78,7 +78,7 @@ class Engine:
         self.callbacks = CallbackList([*given, *parts.callbacks])
         steps_per_epoch = epoch_length(data, options.steps_per_epoch)
         self.pace = pace_for(
-            options.steps_per_execution, debug=options.debug,
+            options.steps_per_execution, debug=options.debug, agree=slowest_of(strategy),
             callbacks=self.callbacks.callbacks, epoch_steps=steps_per_epoch,
             checkpoint_every=options.checkpoint_every if run_dir is not None else None,
         )  # fmt: skip

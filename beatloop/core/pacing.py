@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -78,8 +78,10 @@ class AutoPace:
         ceiling: int = AUTO_CEILING,
         targets: AutoTargets | None = None,
         span: int | None = None,
+        agree: Callable[[float], float] | None = None,
     ):
         self.targets = targets or AutoTargets()
+        self._agree = agree  # several workers: every worker's timing made one
         self.ceiling = max(1, ceiling)
         self.span = span  # the most steps a call can run (an epoch, checkpoint_every)
         self.steps = 1
@@ -104,7 +106,8 @@ class AutoPace:
             return
         self._samples.append(seconds)
         if len(self._samples) >= self.targets.samples:
-            self.timings[self.steps] = min(self._samples)
+            fastest = min(self._samples)
+            self.timings[self.steps] = fastest if self._agree is None else self._agree(fastest)
             self._samples = []
             self._choose()
 
@@ -197,12 +200,14 @@ def pace_for(
     callbacks: Iterable = (),
     epoch_steps: int | None = None,
     checkpoint_every: int | None = None,
+    agree: Callable[[float], float] | None = None,
 ) -> FixedPace | AutoPace:
     """The pace of a run: fixed K, or ``"auto"`` up to the smallest
     ``max_steps_per_execution`` of the ``callbacks`` and the first power of two covering
     an epoch of ``epoch_steps`` or ``checkpoint_every`` steps (the engine ends calls at
-    both under ``"auto"``). A fixed K above a callback's limit is refused. Debug mode runs
-    eagerly, one step at a time."""
+    both under ``"auto"``), its timings made one by ``agree`` when several workers must
+    choose alike (``workers.slowest_of``). A fixed K above a callback's limit is refused.
+    Debug mode runs eagerly, one step at a time."""
     limits = {
         type(c).__name__: c.max_steps_per_execution
         for c in callbacks
@@ -224,7 +229,7 @@ def pace_for(
     span = min(spans) if spans else None
     if span is not None:
         ceiling = min(ceiling, _power_of_two_at_least(span))
-    return AutoPace(ceiling, span=span)
+    return AutoPace(ceiling, span=span, agree=agree)
 
 
 def _power_of_two_at_least(count: float) -> int:

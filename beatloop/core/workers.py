@@ -17,7 +17,7 @@ import contextlib
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -121,6 +121,20 @@ def agree_on_start(
         f"be given the same run dir (--run-dir, run_dir=) on a file system they share, "
         f"where the chief writes (this is {worker.name}, run dir {run_dir})"
     )
+
+
+def slowest_of(strategy: tf.distribute.Strategy | None) -> Callable[[float], float] | None:
+    """Under several workers, a function giving the largest of every worker's value (one
+    reduction across them; ``None`` on one worker): ``"auto"`` pacing decides on it, so
+    every worker settles on the same K and their calls, and the collectives reading
+    figures at a call's end, stay in step."""
+    if worker_of(strategy).count == 1:
+        return None
+    largest = tf.function(  # tf.distribute reduces by SUM or MEAN only: gather, then max
+        lambda value: tf.reduce_max(strategy.gather(strategy.run(lambda: value[None]), axis=0)),
+        autograph=False,
+    )
+    return lambda seconds: float(largest(tf.constant(seconds, tf.float32)))
 
 
 # TensorFlow's words when a peer went away: its connection reset or refused, or the
