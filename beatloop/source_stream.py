@@ -84,7 +84,8 @@ def stream_batches(
     shuffle_buffer: int = 10_000,
     parse_rows: int | None = None,
 ) -> tf.data.Dataset:
-    """``count`` records (``(index, record)`` pairs) as parsed dict batches: shuffled in
+    """``count`` records (``(index, record)`` pairs, or records alone: a source that holds
+    nothing out by record need not index them) as parsed dict batches: shuffled in
     a buffer of ``min(shuffle_buffer, count)`` by ``shuffle_seed`` each pass (when
     given), batched with the short last batch kept, parsed in parallel in order,
     prefetched; its cardinality is the batch count. ``parse_rows``: records parsed per
@@ -97,9 +98,9 @@ def stream_batches(
         )
     rows = max(1, (parse_rows or batch_size) // batch_size) * batch_size
     dataset = dataset.batch(rows)
-    dataset = dataset.map(
-        lambda index, record: parse(record), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
+    paired = isinstance(records.element_spec, tuple)
+    parse_batch = (lambda index, record: parse(record)) if paired else parse
+    dataset = dataset.map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if rows != batch_size:
         dataset = dataset.rebatch(batch_size)
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(-(-count // batch_size)))

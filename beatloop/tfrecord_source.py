@@ -118,14 +118,14 @@ class TfrecordSource(DataSource):
         rows = _parse_rows(spec)
         if not validation_paths:
             count = sum(shard.count for shard in train)
-            records = self._records(train)
+            records = self._records(train, indexed=bool(config.validation_fraction))
             split = stream_split(records, count, parse, config, seed, batch_size, self.label, rows)
             return DataSplit(_sharded(split.train, train), _sharded(split.validation, train))
         parts = []
         for shards, shuffle_seed in ((train, seed if config.shuffle else None), (validation, None)):
             count = sum(shard.count for shard in shards)
             held_count(count, 0.0, self.label)
-            records = self._records(shards)
+            records = self._records(shards, indexed=False)
             buffer = config.shuffle_buffer
             batches = stream_batches(records, count, parse, batch_size, shuffle_seed, buffer, rows)
             parts.append(_sharded(batches, shards))
@@ -281,8 +281,9 @@ class TfrecordSource(DataSource):
 
     # --- the pipeline ---------------------------------------------------------------
 
-    def _records(self, shards: Sequence[Shard]):
-        """``(index, record)`` pairs of every record in ``shards``, the files read
+    def _records(self, shards: Sequence[Shard], indexed: bool):
+        """Every record in ``shards``, as ``(index, record)`` pairs when ``indexed`` (for
+        a hold-out by record; the index costs as much as reading), the files read
         ``cycle_length`` at a time, a record from each in turn (deterministic)."""
         import tensorflow as tf
 
@@ -291,8 +292,10 @@ class TfrecordSource(DataSource):
         offsets = tf.constant([shard.offset for shard in shards], tf.int64)
 
         def read(path, offset):
-            indices = tf.data.Dataset.range(offset, np.iinfo(np.int64).max)
             records = tf.data.TFRecordDataset(path, compression)
+            if not indexed:
+                return records
+            indices = tf.data.Dataset.range(offset, np.iinfo(np.int64).max)
             return tf.data.Dataset.zip((indices, records))
 
         cycle = min(self.config.cycle_length, len(shards))
