@@ -5,6 +5,12 @@ gradients; and the binding rules a combining group must meet.
 Transforms and combinations see true gradients: under loss scaling they are unscaled
 first and scaled back after (the scale is a power of two, so both are exact), and the
 loss-scaling optimizer's own unscaling and overflow check still hold.
+
+They also see the global batch's gradients: on several replicas each replica's
+gradients (its loss weighted by its share) are summed over replicas first, as one device
+would compute them; the optimizer then sums what every replica hands it, so the first
+replica hands the transformed (or combined) gradient and the others zeros, and the sum is
+that gradient exactly (``handed_once``).
 """
 
 from __future__ import annotations
@@ -27,13 +33,42 @@ def loss_scale(optimizer) -> tf.Variable | None:
 
 
 def apply_update(beat, grads) -> None:
-    """Transform a beat's gradients, apply them with its optimizer, then map the updated
-    variables through its constraint."""
+    """Transform a beat's gradients (the global batch's: see the module's docstring),
+    apply them with its optimizer, then map the updated variables through its
+    constraint."""
     variables = list(beat.variables)
     if beat.transform is not None:
+        context = replicated()
+        if context is not None:
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
         grads = transformed(beat, grads, loss_scale(beat.optimizer))
+        if context is not None:
+            grads = handed_once(context, grads)
     beat.optimizer.apply(grads, variables)
     constrain(beat)
+
+
+def replicated() -> tf.distribute.ReplicaContext | None:
+    """The replica context of a step on several replicas; ``None`` on one device (or
+    under a strategy of one replica, where a replica's gradients are the batch's)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    return context
+
+
+def handed_once(context: tf.distribute.ReplicaContext, grads: list) -> list:
+    """What a replica hands its optimizer (which sums over replicas) when every replica
+    holds the same global gradients: the first replica's, zeros from the others."""
+    first = tf.equal(context.replica_id_in_sync_group, 0)
+
+    def once(grad):
+        if isinstance(grad, tf.IndexedSlices):
+            values = tf.where(first, grad.values, tf.zeros_like(grad.values))
+            return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+        return tf.where(first, grad, tf.zeros_like(grad))
+
+    return [once(grad) for grad in grads]
 
 
 def constrain(beat) -> None:
@@ -84,12 +119,15 @@ def checked(result, count: int, where: str) -> list:
 
 
 def apply_combined(group, gradients: list[list]) -> None:
-    """A combining group's one update: each beat's (true) gradients through its transform,
-    the combined variables' gradients through ``group.combine``, then one
+    """A combining group's one update: each beat's (true, global) gradients through its
+    transform, the combined variables' gradients through ``group.combine``, then one
     ``optimizer.apply`` over the union of the beats' variables (the combined ones with
     the combined gradient), then each beat's constraint."""
     optimizer = group.beats[0].optimizer
     scale = loss_scale(optimizer)
+    context = replicated()
+    if context is not None:
+        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, [list(g) for g in gradients])
     if scale is not None:
         gradients = [[g / tf.cast(scale, g.dtype) for g in grads] for grads in gradients]
     gradients = [
@@ -105,6 +143,8 @@ def apply_combined(group, gradients: list[list]) -> None:
     grads = [grad for _, grad in union.values()]
     if scale is not None:
         grads = [g * tf.cast(scale, g.dtype) for g in grads]
+    if context is not None:
+        grads = handed_once(context, grads)
     optimizer.apply(grads, variables)
     for beat in group.beats:
         constrain(beat)
@@ -112,27 +152,16 @@ def apply_combined(group, gradients: list[list]) -> None:
 
 def combined_gradients(group, gradients: list[list]) -> dict[int, tf.Tensor]:
     """``group.combine`` on the combined variables: ``{id(variable): gradient}``. A beat
-    that does not update one of them contributes zeros for it.
-
-    On several replicas the combination sees the global batch's gradients (each
-    replica's, weighted by its share, summed over replicas), as on one device; the
-    optimizer then sums what every replica hands it, so the first replica hands the
-    combined gradient and the others zeros: the sum is the combined gradient, exactly."""
+    that does not update one of them contributes zeros for it. (On several replicas the
+    gradients are already the global batch's: ``apply_combined`` sums them first.)"""
     shared = group.combined_variables
     per_beat = []
     for beat, grads in zip(group.beats, gradients, strict=True):
         own = {id(v): g for v, g in zip(beat.variables, grads, strict=True)}
         per_beat.append([own.get(id(v), tf.zeros_like(v)) for v in shared])
-    context = tf.distribute.get_replica_context()
-    replicated = context is not None and context.num_replicas_in_sync > 1
-    if replicated:
-        per_beat = context.all_reduce(tf.distribute.ReduceOp.SUM, per_beat)
     where = f"group {group.name!r}: combine {shown(group.combine)}"
     result = _called(group.combine, "gradient combination", group.name, per_beat, shared)
     result = checked(result, len(shared), where)
-    if replicated:
-        first = tf.equal(context.replica_id_in_sync_group, 0)
-        result = [tf.where(first, g, tf.zeros_like(g)) for g in result]
     return {id(v): g for v, g in zip(shared, result, strict=True)}
 
 

@@ -36,6 +36,7 @@ from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
 from beatloop.core.step import TrainStep, ValidationStep
+from beatloop.core.strategy_scope import check_made_in_scope
 from beatloop.core.supplied import loaded, missing_models
 from beatloop.core.user_code import as_written, in_recipe, recipe_functions
 
@@ -108,6 +109,7 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         random, validation_random = (tf.random.Generator.from_seed(seed) for _ in "tv")
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
+            check_made_in_scope(strategy, _given(built_models, models), optimizers or {}, label)
             state = built_state(recipe, label)
             with data_errors("training", label):  # models meet the training data here
                 build_unbuilt(recipe, built_models, spec, random, label, state)  # traced
@@ -280,6 +282,12 @@ def _models(recipe: Recipe, spec, given: Mapping | None, label: str) -> dict:
     _refuse_unknown(given, known, "model", label)  # a misspelt name before a missing one
     missing_models(label, recipe.supplied_models, given, None if builds else names)
     return _replaced(built, loaded(given), "model", label, known)
+
+
+def _given(built: Mapping, given: Mapping | None) -> dict:
+    """The models the user passed as objects (a path is loaded inside the scope)."""
+    return {name: built[name] for name, model in (given or {}).items() if name in built
+            and isinstance(model, keras.Layer)}  # fmt: skip
 
 
 def _refuse_unknown(given: Mapping, known, kind: str, label: str) -> None:

@@ -1,0 +1,60 @@
+"""Parts the user passes to a run under a distribution strategy: models and optimizers
+must have been made inside ``strategy.scope()`` (their variables are then the
+strategy's), else the run is refused before its first step with a ``ConfigError``
+saying where to build them; TensorFlow's own error comes only at the first update, as
+a ``ValueError`` printing the variable's values, or a ``RuntimeError`` about mixed
+strategies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+
+from beatloop.core.errors import ConfigError
+
+
+def check_made_in_scope(
+    strategy: tf.distribute.Strategy | None,
+    models: Mapping[str, keras.Layer],
+    optimizers: Mapping[str, keras.optimizers.Optimizer],
+    label: str,
+) -> None:
+    """Refuse, in one ``ConfigError``, every passed model or optimizer whose variables
+    were made outside ``strategy``'s scope (nothing to check without a strategy; a model
+    not built yet is built in the scope by the run)."""
+    if strategy is None:
+        return
+    problems = [
+        f"{kind} {name!r} (its variable {path!r})"
+        for kind, parts in (("model", models), ("optimizer", optimizers))
+        for name, part in parts.items()
+        if (path := _outside(strategy, part)) is not None
+    ]
+    if problems:
+        raise ConfigError(
+            f"{label}: {'; '.join(problems)} "
+            f"{'was' if len(problems) == 1 else 'were'} made outside the distribution "
+            "strategy's scope, so its variables are not the strategy's; make the models "
+            "and optimizers you pass inside `with strategy.scope():` (or pass a model as "
+            "a .keras path, which the run loads inside the scope)"
+        )
+
+
+def _outside(strategy: tf.distribute.Strategy, part) -> str | None:
+    """The path of ``part``'s first variable made outside ``strategy``'s scope, if any."""
+    if isinstance(part, keras.Layer):
+        variables = part.weights
+    elif isinstance(part, keras.optimizers.Optimizer):
+        variables = part.variables
+    else:  # not a part at all: refused by name and type where parts are replaced
+        return None
+    for variable in variables:
+        handle = getattr(variable, "value", variable)  # a Keras variable's tf.Variable
+        if isinstance(handle, tf.Variable) and not strategy.extended.variable_created_in_scope(
+            handle
+        ):
+            return getattr(variable, "path", None) or handle.name
+    return None

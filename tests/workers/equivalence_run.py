@@ -1,0 +1,144 @@
+"""The equivalence matrix's runs, in a process of their own (logical devices must be set
+before TensorFlow runs anything): every case of ``CASES`` trained on one device and on a
+``MirroredStrategy`` over two logical CPUs, same seed, shuffled data, a batch whose
+replica shares differ. ``python equivalence_run.py OUT [CASE ...]`` writes, per case,
+the largest difference of every model weight and optimizer variable, of the recipe
+state, how far training moved the weights, and the steps each run took, to OUT (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
+
+import numpy as np
+import tensorflow as tf
+
+#: Each case: the recipe and what ``beatloop.fit`` is given beside it. Batch sizes are odd,
+#: so every global batch is cut into shares that differ by a row (17 + 16, 13 + 12).
+CASES: dict[str, dict] = {
+    "supervised": {"recipe": "supervised", "config": {"batch_size": 33}, "steps_per_epoch": 24},
+    "supervised_k1": {
+        "recipe": "supervised",
+        "config": {"batch_size": 33},
+        "steps_per_epoch": 24,
+        "steps_per_execution": 1,
+    },
+    "gan": {"recipe": "gan", "config": {"batch_size": 33}, "steps_per_epoch": 24},
+    "style_transfer": {
+        "recipe": "style_transfer",
+        "config": {"image_size": 32, "steps_per_epoch": 24},
+    },
+    "risk_weighted_none": {
+        "recipe": "risk_weighted",
+        "config": {"batch_size": 33, "clip": "none"},
+        "epochs": 2,
+    },
+    "risk_weighted_norm": {
+        "recipe": "risk_weighted",
+        "config": {"batch_size": 33, "clip": "norm"},
+        "epochs": 2,
+    },
+    "risk_weighted_global_norm": {
+        "recipe": "risk_weighted",
+        "config": {"batch_size": 33, "clip": "global_norm"},
+        "epochs": 2,
+    },
+    "multitask": {"recipe": "multitask", "config": {"batch_size": 33}, "steps_per_epoch": 24},
+    "multitask_pcgrad": {
+        "recipe": "multitask",
+        "config": {"batch_size": 33, "combine": "pcgrad"},
+        "steps_per_epoch": 24,
+    },
+    "contrastive": {
+        "recipe": "contrastive",
+        "config": {"batch_size": 33, "pretrain_epochs": 1},
+        "epochs": 2,
+        "steps_per_epoch": 12,
+    },
+    "meta": {"recipe": "meta", "config": {"batch_size": 25}, "steps_per_epoch": 24},
+    "dqn": {"recipe": "dqn", "config": {"steps_per_epoch": 48}},
+}
+
+
+def flat_weights(result) -> dict[str, np.ndarray]:
+    """Every model weight, optimizer variable and recipe state variable of a finished
+    run, by a name that is the same in both runs."""
+    arrays = {}
+    for name in sorted(result.models):
+        for index, weight in enumerate(result.models[name].weights):
+            arrays[f"model:{name}/{index}"] = np.array(weight.numpy())
+    for name in sorted(result.optimizers):
+        for index, variable in enumerate(result.optimizers[name].variables):
+            arrays[f"optimizer:{name}/{index}"] = np.array(variable.numpy())
+    for name, variable in sorted((result.bound.state or {}).items()):
+        arrays[f"state:{name}"] = np.array(variable.numpy())
+    return arrays
+
+
+def largest(first: dict, second: dict, prefix: str) -> float:
+    keys = [key for key in first if key.startswith(prefix)]
+    assert sorted(keys) == sorted(k for k in second if k.startswith(prefix)), prefix
+    if not keys:
+        return 0.0
+    gaps = [np.abs(first[k].astype(np.float64) - second[k].astype(np.float64)) for k in keys]
+    return float(max(gap.max() if gap.size else 0.0 for gap in gaps))
+
+
+def run_case(beatloop, case: dict, strategy, callbacks=()):
+    settings = {key: value for key, value in case.items() if key != "recipe"}
+    settings.setdefault("epochs", 1)
+    settings.setdefault("steps_per_execution", 4)
+    return beatloop.fit(
+        case["recipe"], seed=0, progress=False, strategy=strategy, callbacks=callbacks, **settings
+    )
+
+
+def start_weights(beatloop) -> tuple[object, dict]:
+    """A callback keeping the models' weights as the run starts, and where it keeps them."""
+    kept: dict[str, np.ndarray] = {}
+
+    class Start(beatloop.Callback):
+        def on_fit_start(self, run) -> None:
+            for name in sorted(run.models):
+                for index, weight in enumerate(run.models[name].weights):
+                    kept[f"model:{name}/{index}"] = np.array(weight.numpy())
+
+    return Start(), kept
+
+
+def main(out: str, names: list[str]) -> None:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import beatloop
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    report = {"replicas": strategy.num_replicas_in_sync, "cases": {}}
+    for name in names or list(CASES):
+        began = time.perf_counter()
+        case = CASES[name]
+        callback, start = start_weights(beatloop)
+        one = run_case(beatloop, case, None, [callback])
+        first = flat_weights(one)
+        two = run_case(beatloop, case, strategy)
+        second = flat_weights(two)
+        report["cases"][name] = {
+            "weights": largest(first, second, "model:"),
+            "optimizer": largest(first, second, "optimizer:"),
+            "state": largest(first, second, "state:"),
+            "moved": largest(first, start, "model:"),
+            "steps": [one.steps, two.steps],
+            "seconds": round(time.perf_counter() - began, 1),
+        }
+        print(name, report["cases"][name], flush=True)
+    Path(out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
