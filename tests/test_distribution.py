@@ -5,13 +5,14 @@ weights as one device with the same global batch."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import assert_close_weights, assert_same_weights, load_npz, start_python
+
+from beatloop.cli.workers import free_ports
 
 WORKER = Path(__file__).parent / "workers" / "distributed_run.py"
 
@@ -34,16 +35,6 @@ def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> None:
             if process.poll() is None:
                 process.kill()
                 process.communicate()
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.mark.slow

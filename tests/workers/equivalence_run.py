@@ -3,7 +3,12 @@ before TensorFlow runs anything): every case of ``CASES`` trained on one device 
 ``MirroredStrategy`` over two logical CPUs, same seed, shuffled data, a batch whose
 replica shares differ. ``python equivalence_run.py OUT [CASE ...]`` writes, per case,
 the largest difference of every model weight and optimizer variable, of the recipe
-state, how far training moved the weights, and the steps each run took, to OUT (JSON).
+state, how far training moved the weights, and the steps each run took, to OUT (JSON),
+and each case's one-device weights to OUT's folder as ``CASE.npz``.
+
+``python equivalence_run.py --worker OUT_DIR CASE ...`` is one worker of a
+``MultiWorkerMirroredStrategy`` run (its ``TF_CONFIG`` set by the caller): it trains each
+case there and writes its weights to ``OUT_DIR/CASE.npz``.
 """
 
 from __future__ import annotations
@@ -128,6 +133,7 @@ def main(out: str, names: list[str]) -> None:
         first = flat_weights(one)
         two = run_case(beatloop, case, strategy)
         second = flat_weights(two)
+        np.savez(Path(out).parent / f"{name}.npz", **first)
         report["cases"][name] = {
             "weights": largest(first, second, "model:"),
             "optimizer": largest(first, second, "optimizer:"),
@@ -140,5 +146,17 @@ def main(out: str, names: list[str]) -> None:
     Path(out).write_text(json.dumps(report, indent=1))
 
 
+def worker(out_dir: str, names: list[str]) -> None:
+    import beatloop
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    for name in names:
+        result = run_case(beatloop, CASES[name], strategy)
+        np.savez(Path(out_dir) / f"{name}.npz", **flat_weights(result))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    if sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3:])
+    else:
+        main(sys.argv[1], sys.argv[2:])

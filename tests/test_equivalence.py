@@ -1,0 +1,96 @@
+"""The equivalence matrix: every built-in recipe trained a few dozen steps on one device
+and on a ``MirroredStrategy`` over two logical CPUs (same seed, shuffled data, replica
+shares that differ by a row on every batch) ends on the same weights, optimizer slots and
+recipe state, to a bound each case states; the slow tier adds two local workers of a
+``MultiWorkerMirroredStrategy`` for some. Each bound above 1e-6 is explained in
+``docs/speed.md`` ("Many devices: the equivalence matrix")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import load_npz, run_python, start_python
+
+from beatloop.cli.workers import free_ports
+
+WORKER = Path(__file__).parent / "workers" / "equivalence_run.py"
+
+#: Float32 round-off of two half-batch sums instead of one, through a few dozen updates.
+ROUND_OFF = 1e-6
+
+#: Each case's bound on the largest difference of any weight, optimizer variable or
+#: recipe state variable between one device and two replicas.
+BOUNDS: dict[str, float] = {
+    "supervised": ROUND_OFF,
+    "supervised_k1": ROUND_OFF,
+    "gan": ROUND_OFF,
+    "style_transfer": ROUND_OFF,
+    "risk_weighted_none": ROUND_OFF,
+    "risk_weighted_norm": ROUND_OFF,  # the clip sees the global batch's gradient
+    "risk_weighted_global_norm": ROUND_OFF,
+    "multitask": ROUND_OFF,
+    "multitask_pcgrad": ROUND_OFF,
+    "contrastive": ROUND_OFF,
+    "meta": ROUND_OFF,
+    "dqn": ROUND_OFF,
+}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("equivalence") / "matrix.json"
+    run_python(WORKER, out, *BOUNDS, timeout=1500)
+    report = json.loads(out.read_text())
+    report["dir"] = out.parent
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(BOUNDS))
+def test_one_device_and_two_replicas_end_on_the_same_weights(matrix, case):
+    assert matrix["replicas"] == 2
+    figures = matrix["cases"][case]
+    print(case, figures)
+    one, two = figures["steps"]
+    assert one == two >= 12, figures
+    assert figures["moved"] > 1e-2, figures  # training moved the weights
+    for part in ("weights", "optimizer", "state"):
+        assert figures[part] <= BOUNDS[case], (part, figures)
+
+
+#: Cases the slow tier also runs on two local workers (one CPU each): a transform on
+#: the global gradient, a gather across processes, and the plain case.
+ON_WORKERS = ("supervised", "risk_weighted_global_norm", "contrastive")
+
+
+@pytest.mark.slow
+def test_two_local_workers_end_on_the_weights_of_one_device(matrix, tmp_path):
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    outs = [tmp_path / f"worker{index}" for index in range(2)]
+    processes = []
+    for index, out in enumerate(outs):
+        out.mkdir()
+        config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        processes.append(start_python(WORKER, "--worker", out, *ON_WORKERS, TF_CONFIG=config))
+    try:
+        for process in processes:
+            _, err = process.communicate(timeout=600)
+            assert process.returncode == 0, err[-3000:]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    for case in ON_WORKERS:
+        one = load_npz(matrix["dir"] / f"{case}.npz")
+        first, second = (load_npz(out / f"{case}.npz") for out in outs)
+        assert sorted(first) == sorted(one)
+        for key in one:
+            np.testing.assert_array_equal(first[key], second[key], err_msg=key)  # one model
+        gap = max(float(np.abs(first[k] - one[k]).max(initial=0.0)) for k in one)
+        print(case, "two workers vs one device:", gap)
+        assert gap <= BOUNDS[case], (case, gap)
