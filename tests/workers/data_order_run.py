@@ -125,25 +125,30 @@ def training_data(name: str, spec: dict, seed: int) -> tf.data.Dataset:
     sources = {
         "builtin": lambda: data.batches(arrays(spec), size, shuffle_seed=seed),
         "npz": lambda: make_source(f"npz:{folder}/data.npz").load(seed, size).train,
-        "csv": lambda: make_source(f"csv:{folder}/data.csv", ["keys=id", "shuffle_buffer=16"])
-        .load(seed, size)
-        .train,
-        "tfrecord": lambda: make_source(f"tfrecord:{folder}/shards/part-*.tfrecord")
-        .load(seed, size)
-        .train,
-        "tfrecord_by_file": lambda: make_source(
-            f"tfrecord:{folder}/shards/part-*.tfrecord", ["shard=file"]
-        )
-        .load(seed, size)
-        .train,
-        "folder": lambda: make_source(
-            f"folder:{folder}/images", ["image_size=2,2", "color_mode=grayscale", "value_range=raw"]
-        )
-        .load(seed, size)
-        .train,
-        "user": lambda: tf.data.Dataset.from_tensor_slices(arrays(spec))
-        .shuffle(count, seed=seed)
-        .batch(size),
+        "csv": lambda: (
+            make_source(f"csv:{folder}/data.csv", ["keys=id", "shuffle_buffer=16"])
+            .load(seed, size)
+            .train
+        ),
+        "tfrecord": lambda: (
+            make_source(f"tfrecord:{folder}/shards/part-*.tfrecord").load(seed, size).train
+        ),
+        "tfrecord_by_file": lambda: (
+            make_source(f"tfrecord:{folder}/shards/part-*.tfrecord", ["shard=file"])
+            .load(seed, size)
+            .train
+        ),
+        "folder": lambda: (
+            make_source(
+                f"folder:{folder}/images",
+                ["image_size=2,2", "color_mode=grayscale", "value_range=raw"],
+            )
+            .load(seed, size)
+            .train
+        ),
+        "user": lambda: (
+            tf.data.Dataset.from_tensor_slices(arrays(spec)).shuffle(count, seed=seed).batch(size)
+        ),
         "user_files": lambda: user_records(spec, seed),
         "user_unseeded": lambda: user_records(spec, None),
     }
