@@ -216,3 +216,7 @@ def test_tfrecord_sharded_by_file_gives_other_batches_and_says_so_once(two_worke
 def test_a_shuffle_without_a_seed_across_workers_is_warned_of(two_workers):
     [warning] = two_workers[0]["sources"]["user_unseeded"]["warnings"]
     assert "it shuffles without a seed (1 shuffle(s)): each worker draws its own order" in warning
+    # As it says: the workers' parts are not one permutation's, so within an epoch some
+    # examples come twice and others not at all.
+    epochs = global_batches(two_workers, "user_unseeded")
+    assert any(sorted(i for step in steps for i in step) != list(range(COUNT)) for steps in epochs)

@@ -235,7 +235,9 @@ def worker(spec: dict) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     report: dict = {"workers": strategy.extended._num_workers, "sources": {}}
     for name in spec["sources"]:
-        tf.random.set_seed(spec["seed"])  # as fit does before it reads its data
+        # As fit seeds TensorFlow before it reads its data; a pipeline shuffled without a
+        # seed is built as a user builds it before fit, with no global seed set.
+        tf.random.set_seed(None if name == "user_unseeded" else spec["seed"])
         dataset = training_data(name, spec, spec["seed"])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
