@@ -347,4 +347,6 @@ class RunInterrupted(KeyboardInterrupt):
 
 class ReproducibilityWarning(UserWarning):
     """A run started where its bits cannot match a fresh process's run of the same seed
-    (e.g. models passed in ``models=`` whose Keras names order otherwise)."""
+    (e.g. models passed in ``models=`` whose Keras names order otherwise), or a run on
+    several workers whose training data cannot give the global batches one device takes
+    (sharded by file, or shuffled without a seed: ``beatloop.core.sharding``)."""
