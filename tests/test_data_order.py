@@ -20,7 +20,6 @@ from test_distribution import finish_all
 
 from beatloop.cli.workers import free_ports, tf_config
 from beatloop.core.sharding import as_one_device, order_problems, unseeded_shuffles
-from beatloop.sources import make_source
 
 WORKER = Path(__file__).parent / "workers" / "data_order_run.py"
 #: Examples and the global batch: 7 steps an epoch, the last of 2 rows (1 a replica).
@@ -96,24 +95,6 @@ def test_shuffles_without_a_seed_are_found_in_the_pipeline():
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     assert unseeded_shuffles(rows.shuffle(10).batch(2).with_options(options)) == 1
-
-
-def policy(dataset):
-    return dataset.options().experimental_distribute.auto_shard_policy
-
-
-def test_tfrecord_shards_by_data_unless_asked_to_shard_by_file(tmp_path, monkeypatch):
-    write_data(tmp_path)
-    pattern = f"tfrecord:{tmp_path}/shards/part-*.tfrecord"
-    cluster = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}
-    monkeypatch.setenv("TF_CONFIG", json.dumps({**cluster, "task": {"type": "worker", "index": 0}}))
-    shard = tf.data.experimental.AutoShardPolicy
-    by_data = make_source(pattern, ["validation_fraction=0.2"]).load(SEED, BATCH)
-    assert policy(by_data.train) == policy(by_data.validation) == shard.DATA
-    # Three training files shard by file; the one validation file cannot: by data.
-    by_file = make_source(pattern, ["shard=file", "validation_files=0.25"]).load(SEED, BATCH)
-    assert policy(by_file.train) == shard.FILE
-    assert policy(by_file.validation) == shard.DATA
 
 
 # --- two replicas: one worker process for every check ---------------------------------------
