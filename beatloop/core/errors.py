@@ -347,6 +347,5 @@ class RunInterrupted(KeyboardInterrupt):
 
 class ReproducibilityWarning(UserWarning):
     """A run started where its bits cannot match a fresh process's run of the same seed
-    (e.g. models passed in ``models=`` whose Keras names order otherwise), or a run on
-    several workers whose training data cannot give the global batches one device takes
-    (sharded by file, or shuffled without a seed: ``beatloop.core.sharding``)."""
+    (models passed in ``models=`` whose Keras names order otherwise; workers' data that
+    cannot give one device's global batches: ``beatloop.core.sharding``)."""
