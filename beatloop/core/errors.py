@@ -346,6 +346,5 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class ReproducibilityWarning(UserWarning):
-    """A run started where its bits cannot match a fresh process's run of the same seed
-    (models passed in ``models=`` whose Keras names order otherwise; workers' data that
-    cannot give one device's global batches: ``beatloop.core.sharding``)."""
+    """A run whose bits cannot match a fresh process's run of the same seed (``models=``
+    named otherwise; workers' data not giving one device's batches: ``core/sharding.py``)."""
