@@ -346,5 +346,5 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class ReproducibilityWarning(UserWarning):
-    """A run whose bits cannot match a fresh process's run of the same seed (``models=``
-    named otherwise; workers' data not giving one device's batches: ``core/sharding.py``)."""
+    """A run whose bits cannot match a fresh process's run of the same seed: ``models=``
+    whose Keras names sort otherwise, workers' batches unlike one device's (``sharding``)."""
