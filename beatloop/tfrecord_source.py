@@ -9,8 +9,9 @@ feature spec (inferred from the first file's first record unless given by hand,
 ``beatloop.example_spec``). A file that is not a TFRecord file, is cut short or whose
 first record does not match is a ``DataError`` naming it. Training reads the files
 interleaved, deterministically, so a pass is the same on every run and an interrupted
-run resumes exactly; under a multi-worker strategy tf.distribute's auto-shard gives each
-worker whole files.
+run resumes exactly; under a multi-worker strategy every worker reads every file and
+keeps its part of each global batch, so the batches are one device's (``shard=file``
+gives each worker whole files of its own instead).
 """
 
 from __future__ import annotations
@@ -70,7 +71,11 @@ class TfrecordConfig(StreamConfig):
     at a time, a record from each in turn (1: one file after another);
     ``parallel_reads``: read those files in threads of their own (for slow storage; on a
     local disk it costs more CPU than it saves); ``shuffle_buffer``: the examples the
-    training shuffle draws from (memory is bounded by it)."""
+    training shuffle draws from (memory is bounded by it); ``shard``: how a multi-worker
+    run splits the records: ``data`` (every worker reads every file and takes its part of
+    each global batch: the batches one device takes) or ``file`` (each worker reads whole
+    files of its own: a worker's share of the reading, but other global batches than one
+    device's, which a ReproducibilityWarning says)."""
 
     features: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
@@ -83,6 +88,9 @@ class TfrecordConfig(StreamConfig):
     )
     cycle_length: int = attrs.field(default=4, validator=_positive)
     parallel_reads: bool = False
+    shard: Literal["data", "file"] = attrs.field(
+        default="data", validator=attrs.validators.in_(("data", "file"))
+    )
 
 
 @attrs.frozen
@@ -120,7 +128,10 @@ class TfrecordSource(DataSource):
             count = sum(shard.count for shard in train)
             records = self._records(train, indexed=bool(config.validation_fraction))
             split = stream_split(records, count, parse, config, seed, batch_size, self.label, rows)
-            return DataSplit(_sharded(split.train, train), _sharded(split.validation, train))
+            return DataSplit(
+                _sharded(split.train, train, config.shard),
+                _sharded(split.validation, train, config.shard),
+            )
         parts = []
         for shards, shuffle_seed in ((train, seed if config.shuffle else None), (validation, None)):
             count = sum(shard.count for shard in shards)
@@ -128,7 +139,7 @@ class TfrecordSource(DataSource):
             records = self._records(shards, indexed=False)
             buffer = config.shuffle_buffer
             batches = stream_batches(records, count, parse, batch_size, shuffle_seed, buffer, rows)
-            parts.append(_sharded(batches, shards))
+            parts.append(_sharded(batches, shards, config.shard))
         return DataSplit(*parts)
 
     # --- files ----------------------------------------------------------------------
@@ -328,16 +339,20 @@ def _count(path: str, compression: str) -> tuple[int, bytes]:
     return count, first
 
 
-def _sharded(dataset, shards: Sequence[Shard]):
-    """``dataset`` sharded by data, not by file, under a multi-worker strategy whose
-    workers outnumber the files (tf.distribute's FILE auto-shard would fail); as it is
-    otherwise (its auto-shard gives each worker whole files)."""
-    if dataset is None or len(shards) >= _workers():
-        return dataset
+def _sharded(dataset, shards: Sequence[Shard], shard: str):
+    """``dataset`` as a multi-worker strategy splits it: by data (every worker reads every
+    file and keeps its part of each global batch: one device's batches), or with
+    ``shard="file"`` by file (tf.distribute's FILE auto-shard: each worker reads whole
+    files of its own) when there are at least as many files as workers (FILE sharding
+    would fail with fewer: by data then)."""
+    if dataset is None:
+        return None
     import tensorflow as tf
 
+    by_file = shard == "file" and len(shards) >= _workers()
+    policy = tf.data.experimental.AutoShardPolicy
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    options.experimental_distribute.auto_shard_policy = policy.FILE if by_file else policy.DATA
     return dataset.with_options(options)
 
 

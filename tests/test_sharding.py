@@ -1,7 +1,8 @@
 """Input sharding under MultiWorkerMirroredStrategy: three worker processes on 127.0.0.1
 read a source's training data as the engine distributes it (tf.distribute's auto-shard),
 and across them every example is seen exactly once per pass, for sources sharded by
-data (npz, csv: one file) and by file (tfrecord shards)."""
+data (npz, csv: one file; tfrecord shards by default) and by file (tfrecord shards with
+``shard=file``)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,12 @@ def write_sources(folder: Path) -> list[dict]:
     return [
         {"name": "npz", "data": f"npz:{folder / 'data.npz'}"},
         {"name": "csv", "data": f"csv:{folder / 'data.csv'}", "settings": ["keys=id"]},
-        {"name": "tfrecord", "data": f"tfrecord:{shards}/part-*.tfrecord"},
+        {
+            "name": "tfrecord",
+            "data": f"tfrecord:{shards}/part-*.tfrecord",
+            "settings": ["shard=file"],
+        },
+        {"name": "tfrecord_by_data", "data": f"tfrecord:{shards}/part-*.tfrecord"},
     ]
 
 
@@ -69,7 +75,7 @@ def test_each_example_is_seen_once_per_pass_across_three_workers(tmp_path):
     finish_all(processes, timeout=300)
     reports = [json.loads(out.read_text()) for out in outputs]
     assert [report["workers"] for report in reports] == [WORKERS] * WORKERS
-    for source in ("npz", "csv", "tfrecord"):
+    for source in ("npz", "csv", "tfrecord", "tfrecord_by_data"):
         passes = [report["sources"][source] for report in reports]  # [worker][pass] -> ids
         for number in range(2):
             per_worker = [worker[number] for worker in passes]
@@ -81,6 +87,9 @@ def test_each_example_is_seen_once_per_pass_across_three_workers(tmp_path):
             assert all(ids for ids in per_worker), (source, number)
         # Each pass is reshuffled by the seed: the first worker's order changes.
         assert passes[0][0] != passes[0][1], source
-    # FILE sharding splits the four shards between the workers: 2 + 1 + 1 of them.
+    # FILE sharding (shard=file) splits the four shards between the workers: 2 + 1 + 1 of
+    # them; by data, each worker takes its part of every global batch of 8 (3 + 3 + 2).
     tfrecord = sorted(len(report["sources"]["tfrecord"][0]) for report in reports)
     assert tfrecord == [26, 26, 51], tfrecord
+    by_data = sorted(len(report["sources"]["tfrecord_by_data"][0]) for report in reports)
+    assert by_data == [25, 39, 39], by_data

@@ -378,13 +378,25 @@ def test_a_record_that_does_not_parse_or_fit_is_named(tmp_path, digits_records):
 # --- sharding ----------------------------------------------------------------------------
 
 
-def test_workers_read_whole_files_each_record_once(digits_records, monkeypatch):
+def test_workers_shard_by_data_unless_asked_to_shard_by_file(digits_records):
+    """By default every worker reads every file and keeps its part of each global batch
+    (the batches one device takes: ``tests/test_data_order.py`` runs two workers)."""
+    pattern, _, _ = digits_records
+    split = source(pattern, validation_fraction=0.2).load(seed=0, batch_size=16)
+    for dataset in (split.train, split.validation):
+        policy = dataset.options().experimental_distribute.auto_shard_policy
+        assert policy == tf.data.experimental.AutoShardPolicy.DATA
+
+
+def test_with_shard_file_workers_read_whole_files_each_record_once(digits_records, monkeypatch):
     """tf.distribute's auto-shard (what ``experimental_distribute_dataset`` applies under
     a multi-worker strategy), run here in one process for two workers."""
     from tensorflow.python.data.experimental.ops.distribute import _AutoShardDataset
 
     pattern, _, _ = digits_records
-    split = source(pattern, validation_fraction=0.2).load(seed=0, batch_size=16)
+    split = source(pattern, validation_fraction=0.2, shard="file").load(seed=0, batch_size=16)
+    policy = split.train.options().experimental_distribute.auto_shard_policy
+    assert policy == tf.data.experimental.AutoShardPolicy.FILE
     files = file_ids()
     seen = []
     for worker in range(2):
@@ -397,7 +409,7 @@ def test_workers_read_whole_files_each_record_once(digits_records, monkeypatch):
     # more workers than files: sharded by data instead (FILE would fail)
     cluster = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in range(5000, 5005)]}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
-    split = source(pattern).load(seed=0, batch_size=16)
+    split = source(pattern, shard="file").load(seed=0, batch_size=16)
     policy = split.train.options().experimental_distribute.auto_shard_policy
     assert policy == tf.data.experimental.AutoShardPolicy.DATA
 

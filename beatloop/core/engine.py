@@ -72,7 +72,7 @@ class Engine:
         self.parts = parts
         self.options = options
         self._labels = label_settings(recipe)  # read only when a label is out of range
-        self.stream = DataStream(data, parts.counters, strategy)
+        self.stream = DataStream(data, parts.counters, strategy, parts.label)
         auto = options.steps_per_execution == AUTO
         given = adapt_callbacks(callbacks, recipe, parts.bound, auto)  # Keras ones wrapped
         self.callbacks = CallbackList([*given, *parts.callbacks])

@@ -346,5 +346,5 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 class ReproducibilityWarning(UserWarning):
-    """A run started where its bits cannot match a fresh process's run of the same seed
-    (e.g. models passed in ``models=`` whose Keras names order otherwise)."""
+    """A run whose bits cannot match a fresh process's run of the same seed: ``models=``
+    whose Keras names sort otherwise, workers' batches unlike one device's (``sharding``)."""

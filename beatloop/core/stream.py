@@ -30,6 +30,7 @@ from beatloop.core.counters import Counters
 from beatloop.core.data_origin import refuse_endless_loop_data
 from beatloop.core.errors import DataError
 from beatloop.core.loop import CallResult, CompiledLoop
+from beatloop.core.sharding import as_one_device, warn_if_not_one_device
 
 
 class IteratorReleaser:
@@ -68,7 +69,9 @@ class DataStream:
     """A run's training passes and validation passes over one ``DataSplit``.
 
     With a ``strategy`` both data sets are distributed: each global batch is cut into
-    one part per replica.
+    one part per replica (across workers, each takes its parts of the global batches one
+    device would take: ``beatloop.core.sharding``; where the training data cannot, one
+    ``ReproducibilityWarning`` says why, naming the run by ``label``).
     """
 
     def __init__(
@@ -76,9 +79,12 @@ class DataStream:
         split: DataSplit,
         counters: Counters,
         strategy: tf.distribute.Strategy | None = None,
+        label: str | None = None,
     ):
         self.counters = counters
         self._strategy = strategy
+        if strategy is not None:
+            warn_if_not_one_device(strategy, as_one_device(strategy, split.train), label)
         self._length = _pass_length(split.train, strategy)
         self._passes = _distributed(strategy, split.train)  # one iterator, one pass
         # Passes of a known length are the repetitions of one endless iterator.
@@ -190,10 +196,11 @@ def _pass_length(dataset: tf.data.Dataset, strategy) -> int | None:
 
 def _distributed(strategy, dataset):
     """A data set split across the strategy's replicas: each global batch is cut into
-    one part per replica."""
+    one part per replica; across workers, sharded by data unless it chose otherwise
+    (``beatloop.core.sharding.as_one_device``)."""
     if strategy is None or dataset is None:
         return dataset
-    return strategy.experimental_distribute_dataset(dataset)
+    return strategy.experimental_distribute_dataset(as_one_device(strategy, dataset))
 
 
 def epoch_length(split: DataSplit, steps_per_epoch: int | None) -> int | None:
