@@ -140,9 +140,12 @@ class TrainStep:
         for repeat in range(group.repeat):
             since = declared(random)
             values, outputs, gradients = group.gradients(
-                self.bound.models, batch, weight=batch_weight, random=random,
+                self.bound.models,
+                batch,
+                weight=batch_weight,
+                random=random,
                 state=self.bound.state,
-            )  # fmt: skip
+            )
             weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
             figure = figure_size(size, share, batch_weight, weight)
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):

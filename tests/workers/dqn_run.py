@@ -77,9 +77,7 @@ def compared(one, two, strategy) -> dict:
     return {
         "steps": [one.steps, two.steps],
         "weights": max(largest(weights[0][k], weights[1][k]) for k in weights[0]),
-        "slots": max(
-            largest(a.numpy(), copy.numpy()) for a, b in slots for copy in local(b.value)
-        ),
+        "slots": max(largest(a.numpy(), copy.numpy()) for a, b in slots for copy in local(b.value)),
         "state": {
             name: max(largest(v.numpy(), copy.numpy()) for copy in local(state_two[name]))
             for name, v in state_one.items()
@@ -184,18 +182,28 @@ def mirrored(out: str) -> None:
     for k in (1, 4):
         runs = [
             beatloop.fit(
-                "dqn", config=SHORT, epochs=2, seed=7, strategy=s, steps_per_execution=k,
+                "dqn",
+                config=SHORT,
+                epochs=2,
+                seed=7,
+                strategy=s,
+                steps_per_execution=k,
                 progress=False,
-            )  # fmt: skip
+            )
             for s in (None, strategy)
         ]
         report[f"dqn_k{k}"] = compared(*runs, strategy)
     for k in (1, 4):
         one, two = (
             beatloop.fit(
-                Counted(), data=counted_data(), epochs=2, seed=0, strategy=s,
-                steps_per_execution=k, progress=False,
-            )  # fmt: skip
+                Counted(),
+                data=counted_data(),
+                epochs=2,
+                seed=0,
+                strategy=s,
+                steps_per_execution=k,
+                progress=False,
+            )
             for s in (None, strategy)
         )
         report[f"counted_k{k}"] = {
