@@ -1,7 +1,9 @@
 """The built-in dqn recipe: bit-identical to a hand-written TensorFlow DQN
 (tests/dqn_hand.py) at K=1 and K>1, validation and evaluation leaving everything as it
-was, a SIGKILLed run resuming bit-identical, the greedy policy reaching the chain's
-optimal return, environments found by name (plugins' too), and clear config errors."""
+was, a SIGKILLed run resuming bit-identical, the same run on two replicas as on one
+device (acts once a step, the buffer sample split), the greedy policy reaching the
+chain's optimal return, environments found by name (plugins' too), and clear config
+errors."""
 
 from __future__ import annotations
 
@@ -16,7 +18,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from dqn_hand import HandWrittenDqn
-from helpers import all_weights, assert_same_weights, load_npz, same_weights, start_python
+from helpers import (
+    all_weights,
+    assert_same_weights,
+    load_npz,
+    run_python,
+    same_weights,
+    start_python,
+)
 
 import beatloop
 from beatloop.core.batches import DataSplit
@@ -265,3 +274,35 @@ def test_a_dqn_run_killed_mid_epoch_resumes_bit_identical_buffer_and_env_include
     assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
     history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
     assert history[0] == history[1]  # train_return and greedy_return included
+
+
+@pytest.mark.slow
+def test_on_two_replicas_dqn_is_one_agent_the_same_run_as_on_one_device(tmp_path):
+    """dqn at its defaults (48 steps, after 100 warm-up moves) on one device and on a
+    MirroredStrategy over two CPUs, K=1 and K=4: the act moves the one agent once a
+    step, the buffer sample is split across the replicas. A test recipe's acts count
+    once a step on the global batch; a scalar draw in a loss is refused in words."""
+    out = tmp_path / "mirrored.json"
+    run_python(WORKER, "mirrored", str(out), timeout=600)
+    report = json.loads(out.read_text())
+    assert report["replicas"] == 2
+    for k in (1, 4):
+        found = report[f"dqn_k{k}"]
+        assert found["steps"] == [48, 48]
+        assert found["weights"] < 1e-6 and found["slots"] < 1e-6, found
+        assert found["q_from_target"] > 1e-3  # training moved q far beyond round-off
+        assert set(found["state"].values()) == {0.0}, found["state"]  # buffer, env: equal
+        assert found["random"] == 0.0  # the same draws, in the same order
+        figures = found["figures"]
+        assert figures["td"] < 1e-6 and figures["val_td"] < 1e-6, figures
+        assert figures["train_return"] == figures["epsilon"] == 0.0
+        counted = report[f"counted_k{k}"]
+        assert counted["steps"] == 6
+        assert counted["one_device"] | {"ring": None} == {
+            "acts": 6, "rows": 24, "evens": 3, "ring": None,
+        }  # fmt: skip
+        for name, copies in counted["per_replica"].items():
+            assert copies == [counted["one_device"][name]] * 2, name
+    said = report["scalar_draw"]
+    assert "models.random.uniform([]) in a loss draws no rows" in said
+    assert "models.own_batch(n)" in said and "in an Act" in said

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.forward import ModelCalls, forward, loss_of_outputs, shared_forward
+from beatloop.core.replicas import declared, entry_weight
 from beatloop.core.updates import EMA, Act, Copy, NonGradient
 from beatloop.core.user_code import call_user
 
@@ -150,10 +151,14 @@ class BoundGroup:
         """``(losses, outputs, gradients)`` with every beat's gradients taken from the
         same state, one tape per beat; ``gradients[i]`` are beat ``i``'s (loss-scaled)
         gradients of its variables, ``None`` where its loss does not reach one. On a
-        replica, ``weight`` is its share of the global batch."""
+        replica, ``weight`` is its share of the global batch, or, when the losses declare
+        a batch of their own (``models.own_batch``), its share of that one."""
         with contextlib.ExitStack() as stack:
             tapes = [stack.enter_context(tf.GradientTape()) for _ in self.beats]
+            since = declared(random)
             losses, outputs = self.losses(models, batch, random=random, state=state)
+            if weight is not None:
+                weight = entry_weight(random, since, weight, f"entry {self.name!r}")
             scaled = [
                 beat.optimizer.scale_loss(loss if weight is None else weighted(loss, weight))
                 for beat, loss in zip(self.beats, losses, strict=True)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from beatloop.core import collectives
 from beatloop.core.errors import BeatloopError, InputMismatchError, MismatchFound
+from beatloop.core.replicas import OwnBatch, ReplicaRandom
 from beatloop.core.user_code import call_user
 
 
@@ -30,6 +31,9 @@ class ModelCalls(Mapping[str, Callable]):
     ``models.all_gather(x)`` is the global batch's ``x`` under a distribution strategy
     (every replica's rows, in replica order), ``x`` itself on one device;
     ``models.batch_offset`` is where this replica's rows start in it.
+    ``models.own_batch(rows)`` is a batch of ``rows`` rows the loss makes itself (a
+    minibatch sampled from a replay buffer): on N replicas each takes its share of the
+    rows, drawn once for all, and its loss is weighted by that share (``OwnBatch``).
     ``models.state`` is the recipe's state (``Recipe.build_state``): variables by name.
     ``models.random`` is the run's ``tf.random.Generator``: draw noise from it
     (``models.random.normal(shape)``) so a resumed run draws exactly the numbers the
@@ -98,6 +102,23 @@ class ModelCalls(Mapping[str, Callable]):
         """The row of the global batch where this replica's rows start (an int32 scalar,
         0 on one device): ``models.all_gather(x)[offset : offset + n]`` is ``x``."""
         return collectives.batch_offset(self._batch)
+
+    @tf.autograph.experimental.do_not_convert
+    def own_batch(self, rows) -> OwnBatch:
+        """A batch of ``rows`` rows (a Python int or an integer tensor) this loss makes
+        itself rather than takes from the data batch, such as a minibatch sampled from a
+        replay buffer in recipe state: its ``size`` is the rows this replica computes
+        (``rows`` on one device), ``random`` the generator to draw them with (each draw
+        made once over all ``rows`` rows, this replica's returned: draw shapes start
+        with ``size``), ``take(x)`` this replica's rows of an ``x`` of ``rows`` rows.
+        Under a strategy the step then weights this entry's loss by the replica's share
+        of these rows (its loss must be a mean over its own rows), so the replicas
+        together compute what one device computes on the whole batch. On one device it
+        changes nothing: ``size`` is ``rows``, ``random`` the run's generator."""
+        random = self.random
+        if isinstance(random, ReplicaRandom):
+            return random.own_batch(rows)
+        return OwnBatch.of_one_device(rows, random)
 
     @property
     def random(self) -> tf.random.Generator:

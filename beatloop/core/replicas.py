@@ -10,10 +10,12 @@ the global batch and split by rows, so a distributed run draws what one device w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 import tensorflow as tf
+
+from beatloop.core.errors import BeatloopError
 
 
 @attrs.frozen
@@ -69,11 +71,26 @@ def _prefix(sizes: tf.Tensor, index) -> tf.Tensor:
 class ReplicaRandom:
     """The run's generator as one replica sees it: each draw is made once, over the
     global batch (in cross-replica context), and this replica takes its rows. The first
-    dimension of a draw's shape must be the replica's batch size."""
+    dimension of a draw's shape must be the replica's batch size (the data's, or that
+    of the loss's own batch: ``own_batch``).
 
-    def __init__(self, generator: tf.random.Generator, share: BatchShare):
+    ``own`` lists the own batches declared through it (``own_batch``), in order: the
+    step weights an entry whose losses declared one by its share of it."""
+
+    def __init__(self, generator: tf.random.Generator, share: BatchShare, what: str = "batch"):
         self._generator = generator
         self._share = share
+        self._what = what
+        self.own: list[BatchShare] = []
+
+    def own_batch(self, rows) -> OwnBatch:
+        """This replica's share of a batch of ``rows`` rows the loss makes itself,
+        split as a data set's batch is (the first ``rows % replicas`` replicas take one
+        more row), declared (``own``) so the step weights the loss by it."""
+        share = split_rows(rows)
+        self.own.append(share)
+        random = ReplicaRandom(self._generator, share, what="own batch")
+        return OwnBatch(share.local, share.offset, share.total, random, whole=False)
 
     def normal(self, shape, *args, **kwargs) -> tf.Tensor:
         return self._draw("normal", shape, *args, **kwargs)
@@ -87,11 +104,22 @@ class ReplicaRandom:
     def _draw(self, method: str, shape, *args, **kwargs) -> tf.Tensor:
         share = self._share
         shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
+        if shape.shape.rank != 1 or shape.shape[0] == 0:
+            raise BeatloopError(
+                f"under a distribution strategy, models.random.{method}({_shown(shape)}) in a "
+                "loss draws no rows: each draw is made once over the global batch and split "
+                "by rows, so its shape starts with the replica's batch size. Draw a "
+                "scalar in an Act (it runs once a step for all replicas, with the run's "
+                "generator), or draw rows of a batch the loss makes itself: "
+                "sample = models.own_batch(n); sample.random.uniform([sample.size])"
+            )
         checked = tf.debugging.assert_equal(
             shape[0],
             share.local,
             message=f"under a distribution strategy, models.random.{method}(shape) must draw "
-            "one row per example: shape[0] must be the replica's batch size",
+            f"one row per example: shape[0] must be the replica's {self._what} size (for a "
+            "batch the loss makes itself, such as a buffer sample, draw with "
+            "models.own_batch(n).random)",
         )
         with tf.control_dependencies([checked]):
             whole = tf.concat([tf.reshape(share.total, [1]), shape[1:]], axis=0)
@@ -102,3 +130,139 @@ class ReplicaRandom:
 
         drawn = tf.distribute.get_replica_context().merge_call(draw, args=(whole,))
         return drawn[share.offset : share.offset + share.local]
+
+
+def _shown(shape: tf.Tensor) -> str:
+    static = tf.get_static_value(shape)
+    return "shape" if static is None else str(list(static))
+
+
+def _static(value) -> int | None:
+    found = tf.get_static_value(value)
+    return None if found is None else int(found)
+
+
+def split_rows(rows) -> BatchShare:
+    """This replica's part of ``rows`` rows (a Python int or an integer tensor), split as
+    a data set's batch is: ``rows // n`` each, one more for the first ``rows % n``
+    replicas (call in a replica)."""
+    context = tf.distribute.get_replica_context()
+    count, index = context.num_replicas_in_sync, context.replica_id_in_sync_group
+    if isinstance(rows, int) and isinstance(index, int):
+        base, extra = divmod(rows, count)
+        local, offset = base + (index < extra), index * base + min(index, extra)
+    else:
+        rows = tf.cast(rows, tf.int64)
+        base, extra = rows // count, rows % count
+        index = tf.cast(index, tf.int64)
+        local = base + tf.cast(index < extra, tf.int64)
+        offset = index * base + tf.minimum(index, extra)
+    as_int64 = lambda value: tf.cast(value, tf.int64)  # noqa: E731
+    return BatchShare(as_int64(local), as_int64(rows), as_int64(offset))
+
+
+@attrs.frozen
+class OwnBatch:
+    """A batch of ``total`` rows a loss makes itself rather than takes from the data (a
+    minibatch sampled from a replay buffer in recipe state), and this replica's part of
+    it: ``size`` rows from row ``offset``. ``random`` draws from the run's generator,
+    each draw made once over all ``total`` rows, and gives this replica's rows (its
+    shape starts with ``size``); ``take(x)`` is this replica's rows of an ``x`` of
+    ``total`` rows. On one device it is the whole batch: ``size`` is ``total`` as given,
+    ``random`` the run's generator itself, ``take`` the identity (``whole``)."""
+
+    size: int | tf.Tensor
+    offset: int | tf.Tensor
+    total: int | tf.Tensor
+    random: tf.random.Generator | ReplicaRandom
+    whole: bool = True
+
+    @classmethod
+    def of_one_device(cls, rows, generator) -> OwnBatch:
+        return cls(rows, 0, rows, generator)
+
+    def take(self, x):
+        """This replica's rows of ``x`` (a tensor or a structure of them, of ``total``
+        rows each): ``x`` itself on one device."""
+        if self.whole:
+            return x
+        return tf.nest.map_structure(lambda t: t[self.offset : self.offset + self.size], x)
+
+
+def declared(random) -> int:
+    """How many own batches ``random`` (a step's generator view) has had declared."""
+    return len(random.own) if isinstance(random, ReplicaRandom) else 0
+
+
+def entry_weight(random, since: int, weight, where: str):
+    """The weight of an entry's losses on this replica: ``weight`` (its share of the
+    data batch), or, when its losses or forward declared an own batch after the first
+    ``since`` (``models.own_batch``), its share of that batch. The declarations of one
+    entry must agree on the batch's size, else a ``BeatloopError`` naming ``where``."""
+    if declared(random) == since:
+        return weight
+    shares = random.own[since:]
+    totals = {_static(share.total) for share in shares}
+    if len(totals) > 1 and None not in totals:
+        raise BeatloopError(
+            f"{where} declares own batches of {sorted(totals)} rows (models.own_batch): "
+            "the losses of one entry are weighted by one share on each replica, so "
+            "declare one size (the entry's losses each take their rows of it)"
+        )
+    return shares[-1].weight
+
+
+def figure_size(size, share: BatchShare | None, weight, own_weight):
+    """The weight a loss's figure enters its mean with: the replica's rows of the data
+    batch, or for an entry with an own batch its share of the data batch's rows (its
+    loss is the mean over its share of the own batch)."""
+    if share is None or own_weight is weight:
+        return size
+    return tf.cast(own_weight, tf.float32) * tf.cast(share.total, tf.float32)
+
+
+def once_per_step(
+    state: Mapping[str, tf.Variable], fn: Callable, batch, step: tf.Tensor, every: int = 1
+) -> None:
+    """From inside a replica of the step: ``fn(global_batch, state)`` once for all
+    replicas, in cross-replica context (``merge_call``), on the steps ``every``
+    selects (``step`` is the step's number). ``fn`` gets the recipe's ``state`` as
+    the first replica's copies, plain variables (so slices assign as on one device),
+    and what it wrote is then copied to every other replica's copy: the state stays
+    one agent's, the same on every replica. Random draws in ``fn`` use the run's
+    generator directly, as on one device."""
+    context = tf.distribute.get_replica_context()
+
+    def merged(strategy, batch, step):
+        whole = global_batch(strategy, batch)
+        step = strategy.experimental_local_results(step)[0]
+        own = {name: strategy.experimental_local_results(v)[0] for name, v in state.items()}
+
+        def run():
+            fn(whole, own)
+            mirror(strategy, state)
+            return tf.constant(0)
+
+        if every == 1:
+            run()
+        else:
+            tf.cond(tf.equal(step % every, 0), run, lambda: tf.constant(0))
+
+    context.merge_call(merged, args=(batch, step))
+
+
+def global_batch(strategy: tf.distribute.Strategy, batch):
+    """The global batch from every replica's part (cross-replica context): the local
+    parts concatenated in replica order, or, with replicas on other workers, gathered."""
+    parts = strategy.experimental_local_results(batch)
+    if len(parts) != strategy.num_replicas_in_sync:
+        return strategy.gather(batch, axis=0)
+    return tf.nest.map_structure(lambda *rows: tf.concat(rows, axis=0), *parts)
+
+
+def mirror(strategy: tf.distribute.Strategy, state: Mapping[str, tf.Variable]) -> None:
+    """Each state variable's first local copy assigned to its other local copies."""
+    for variable in state.values():
+        first, *others = strategy.experimental_local_results(variable)
+        for other in others:
+            other.assign(first.read_value())

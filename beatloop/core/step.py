@@ -26,7 +26,14 @@ from beatloop.core.numerics import (
     gradient_squares,
     no_checks,
 )
-from beatloop.core.replicas import on_replicas, replica_view
+from beatloop.core.replicas import (
+    declared,
+    entry_weight,
+    figure_size,
+    on_replicas,
+    once_per_step,
+    replica_view,
+)
 from beatloop.core.user_code import call_user
 
 Batch = Mapping[str, tf.Tensor]
@@ -44,7 +51,11 @@ class TrainStep:
     diverged loss (the guard's window itself is updated by the loop, after the step).
     A replica's batch is its share of the global batch, of static shape ``(None, ...)``:
     a loss reads its size with ``tf.shape``, and sees the global batch through
-    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy").
+    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy"). An entry
+    whose losses declare a batch of their own (``models.own_batch``) is weighted by the
+    replica's share of that batch instead. An act runs once per step for all replicas,
+    in cross-replica context, on the global batch (``replicas.once_per_step``): acting
+    and recipe state are one agent's whatever the replica count.
     """
 
     def __init__(
@@ -71,19 +82,18 @@ class TrainStep:
     def on_replica(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
         share, random = replica_view(self.strategy, self.bound.random, size)
-        weight = None if share is None else share.weight
         outputs, checks = {}, []
         for group in self.bound.entries:
             if isinstance(group, BoundUpdate):  # no loss: no row of checks
                 self.run_update(group, batch, random, step)
                 continue
             if group.every == 1:
-                group_outputs, rows = self.run_group(group, batch, size, weight, random, step)
+                group_outputs, rows = self.run_group(group, batch, size, share, random, step)
                 outputs.update(group_outputs)
             else:
                 rows = tf.cond(
                     tf.equal(step % group.every, 0),
-                    lambda g=group: self.run_group(g, batch, size, weight, random, step)[1],
+                    lambda g=group: self.run_group(g, batch, size, share, random, step)[1],
                     lambda g=group: no_checks(len(g.beats)),
                 )
             checks.append(rows)
@@ -91,8 +101,12 @@ class TrainStep:
         return (checks[0] if len(checks) == 1 else tf.concat(checks, axis=0)), size
 
     def run_update(self, update: BoundUpdate, batch, random, step) -> None:
-        """An update or act, on this replica (a mirrored target assigned from mirrored
-        sources gets the same value on every replica), on steps its ``every`` selects."""
+        """An update, on this replica (a mirrored target assigned from mirrored sources
+        gets the same value on every replica), or an act, once for all replicas; on
+        steps its ``every`` selects."""
+        if update.kind == "act" and self.strategy is not None:
+            self.run_act_once(update, batch, step)
+            return
 
         def run():
             update.run(self.bound.models, batch, random=random, state=self.bound.state)
@@ -103,17 +117,37 @@ class TrainStep:
         else:
             tf.cond(tf.equal(step % update.every, 0), run, lambda: tf.constant(0))
 
-    def run_group(self, group: BoundGroup, batch, size, weight, random, step):
+    def run_act_once(self, act: BoundUpdate, batch, step) -> None:
+        """An act under a strategy: once per step for all replicas, in cross-replica
+        context, on the global batch, drawing from the run's generator and writing the
+        recipe state as on one device; the state it writes is then mirrored
+        (``replicas.once_per_step``)."""
+
+        def run(whole, state) -> None:
+            act.run(self.bound.models, whole, random=self.bound.random, state=state)
+
+        once_per_step(self.bound.state, run, batch, step, act.every)
+
+    def run_group(self, group: BoundGroup, batch, size, share, random, step):
         """One entry of the step, ``repeat`` times: every beat's gradients from the same
         state, then each beat's transform, update, constraint and loss metrics. Returns
-        the last repeat's outputs and the entry's rows of checks."""
+        the last repeat's outputs and the entry's rows of checks. On a replica the losses
+        are weighted by its ``share`` of the batch, or of their own batch."""
         losses = {beat.name: [] for beat in group.beats}
         squares = {beat.name: [] for beat in group.beats}
         outputs = {}
+        batch_weight = None if share is None else share.weight
         for repeat in range(group.repeat):
+            since = declared(random)
             values, outputs, gradients = group.gradients(
-                self.bound.models, batch, weight=weight, random=random, state=self.bound.state
+                self.bound.models,
+                batch,
+                weight=batch_weight,
+                random=random,
+                state=self.bound.state,
             )
+            weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
+            figure = figure_size(size, share, batch_weight, weight)
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 check_gradients(beat, grads)
                 scaled = loss_scale(beat.optimizer) is not None
@@ -132,7 +166,7 @@ class TrainStep:
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 if group.combine is None:
                     apply_update(beat, grads)
-                self.metrics.update_loss(beat.name, on_rows(loss, weight), size)
+                self.metrics.update_loss(beat.name, on_rows(loss, weight), figure)
         rows = [beat_checks(losses[b.name], squares[b.name]) for b in group.beats]
         return outputs, tf.stack(rows)
 
@@ -185,11 +219,14 @@ class ValidationStep:
         weight = None if share is None else share.weight
         outputs = {}
         for group in self.bound.groups:
+            since = declared(random)
             losses, group_outputs = group.losses(
                 self.bound.models, batch, training=False, random=random, state=self.bound.state
             )
+            own = entry_weight(random, since, weight, f"entry {group.name!r}")
+            figure = figure_size(size, share, weight, own)
             outputs.update(group_outputs)
             for beat, loss in zip(group.beats, losses, strict=True):
-                self.metrics.update_loss(beat.name, on_rows(loss, weight), size)
+                self.metrics.update_loss(beat.name, on_rows(loss, own), figure)
         call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return no_checks(0), size

@@ -163,7 +163,9 @@ class Act:
     """Acting or collecting inside the training step: ``fn(models, batch)`` with every
     model in inference mode, writing recipe state (``models.state``: an environment
     stepped, a replay buffer filled); returns nothing. Validation, evaluation and
-    binding never run it."""
+    binding never run it. Under a distribution strategy it runs once per step for all
+    replicas (one agent), in cross-replica context, on the global batch, and the recipe
+    state it writes is then mirrored to every replica (``replicas.once_per_step``)."""
 
     fn: Callable = attrs.field(validator=_callable)
     name: str = attrs.field(default=None)

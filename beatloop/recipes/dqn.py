@@ -226,10 +226,13 @@ class Dqn(Recipe):
 
     # -- learning -----------------------------------------------------------------------
     def td(self, models, batch) -> tf.Tensor:
-        """The TD loss on a batch sampled (with replacement) from the filled buffer."""
+        """The TD loss on a batch sampled (with replacement) from the filled buffer: a
+        batch the loss makes itself (``models.own_batch``), so on N replicas each
+        computes its share of the one sample one device would draw."""
         state, c = models.state, self.config
         filled = tf.maximum(tf.minimum(state["stored"], c.buffer_size), 1)
-        index = models.random.uniform([c.batch_size], 0, filled, dtype=tf.int64)
+        sample = models.own_batch(c.batch_size)
+        index = sample.random.uniform([sample.size], 0, filled, dtype=tf.int64)
         observation, action, reward, next_observation, terminal = (
             tf.gather(state[key], index)
             for key in ("observation", "action", "reward", "next_observation", "terminal")
