@@ -31,6 +31,15 @@ class BatchShare:
         return tf.cast(self.local, tf.float32) / tf.cast(self.total, tf.float32)
 
 
+def splits_batches(strategy: tf.distribute.Strategy | None) -> bool:
+    """Whether ``strategy`` cuts each global batch into one part per replica: a strategy
+    of several replicas. A strategy of one replica takes whole batches, so its data are
+    read as without a strategy (a plain iterator, passes of known length, the loop
+    traced as a concrete function): a distributed data set's iterator made every step
+    of a one-replica run about twice as slow (``benchmarks/strategy_overhead.py``)."""
+    return strategy is not None and strategy.num_replicas_in_sync > 1
+
+
 def on_replicas(strategy: tf.distribute.Strategy | None, fn: Callable, *args) -> tuple:
     """Run ``fn(*args)`` on one device, or on every replica of ``strategy`` and sum what
     it returns (batch sizes; checks, where a NaN or inf on any replica stays)."""
