@@ -54,9 +54,14 @@ def on_replicas(strategy: tf.distribute.Strategy | None, fn: Callable, *args) ->
 def replica_view(strategy, generator: tf.random.Generator, local: tf.Tensor):
     """``(share, random)`` for a step on ``local`` examples: on one device no share and
     the run's generator itself; on a replica its ``BatchShare`` and a
-    ``ReplicaRandom`` over the generator."""
+    ``ReplicaRandom`` over the generator. The one replica of a strategy that does not
+    split batches has the whole batch: no share either (nothing to weight, gather or
+    cut: the step's graph is the one-device step's, which a benchmark measures) and
+    draws made whole, in cross-replica context."""
     if strategy is None:
         return None, generator
+    if not splits_batches(strategy):
+        return None, ReplicaRandom(generator, None)
     share = batch_share(local)
     return share, ReplicaRandom(generator, share)
 
@@ -78,9 +83,10 @@ def _prefix(sizes: tf.Tensor, index) -> tf.Tensor:
 class ReplicaRandom:
     """The run's generator as one replica sees it: each draw is made once, over the
     global batch (in cross-replica context), and this replica takes its rows. The first
-    dimension of a draw's shape must be the replica's batch size."""
+    dimension of a draw's shape must be the replica's batch size. Without a ``share``
+    (the only replica) a draw is made as asked."""
 
-    def __init__(self, generator: tf.random.Generator, share: BatchShare):
+    def __init__(self, generator: tf.random.Generator, share: BatchShare | None):
         self._generator = generator
         self._share = share
 
@@ -95,6 +101,12 @@ class ReplicaRandom:
 
     def _draw(self, method: str, shape, *args, **kwargs) -> tf.Tensor:
         share = self._share
+        if share is None:  # the only replica: its batch is the global batch
+
+            def draw_whole(strategy):
+                return getattr(self._generator, method)(shape, *args, **kwargs)
+
+            return tf.distribute.get_replica_context().merge_call(draw_whole)
         shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
         checked = tf.debugging.assert_equal(
             shape[0],
