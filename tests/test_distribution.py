@@ -96,3 +96,35 @@ def test_a_strategy_refuses_xla_and_debug_and_non_strategies():
         beatloop.fit("supervised", strategy=tf.distribute.get_strategy(), jit_compile=True)
     with pytest.raises(ConfigError, match="without XLA: drop debug"):
         beatloop.fit("supervised", strategy=tf.distribute.get_strategy(), debug=True)
+
+
+@pytest.mark.parametrize(("kind", "recipe"), [("one_device", "supervised"), ("mirrored", "gan")])
+def test_a_one_replica_strategy_reads_plain_data_and_trains_like_no_strategy(kind, recipe):
+    """One replica takes whole batches: its data are not distributed (a distributed
+    iterator made each step about twice as slow: benchmarks/strategy_overhead.py), the
+    loop is traced as a concrete function, its step has no batch share to weight by
+    (the gan's noise drawn whole), and the run is bit for bit the run without a
+    strategy, the built-in data's reshuffled passes included."""
+    import tensorflow as tf
+    from helpers import all_weights
+
+    import beatloop
+    from beatloop.core.stream import _distributed, _pass_length
+
+    if kind == "one_device":
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    else:
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    data = tf.data.Dataset.range(6).batch(2)
+    assert _distributed(strategy, data) is data
+    assert _pass_length(data, strategy) == 3
+
+    def train(strategy):
+        return beatloop.fit(
+            recipe, epochs=2, seed=3, steps_per_execution=8, progress=False, strategy=strategy,
+            config={"n_critic": 2, "quality_samples": 32} if recipe == "gan" else None,
+        )  # fmt: skip
+
+    alone, replica = train(None), train(strategy)
+    assert_same_weights(all_weights(alone.models), all_weights(replica.models))
+    assert replica.history == alone.history

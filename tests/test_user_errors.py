@@ -240,7 +240,9 @@ def test_a_bad_model_call_in_a_loss_names_the_call(digit_batches):
 @pytest.mark.parametrize("mode", ["compiled", "debug", "distributed"])
 def test_a_failing_metric_update_is_reported_in_it(digit_batches, mode):
     # compiled: traced as the engine is built; debug: run eagerly by the engine;
-    # distributed: traced on the first call, by the engine
+    # distributed: a one-replica strategy, its data read plain (replicas.splits_batches),
+    # the step traced inside strategy.run as the engine is built (several replicas' first
+    # call traces it: tests/test_distribution.py and the workers in tests/workers)
     options = {
         "compiled": {},
         "debug": {"debug": True},

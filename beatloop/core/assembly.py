@@ -35,6 +35,7 @@ from beatloop.core.phased import PhasedRun, bind_schedule, in_phase, phase_parts
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
+from beatloop.core.replicas import splits_batches
 from beatloop.core.step import TrainStep, ValidationStep
 from beatloop.core.strategy_scope import check_made_in_scope
 from beatloop.core.supplied import loaded, missing_models
@@ -227,7 +228,7 @@ def _compile_options(options: EngineOptions, strategy) -> dict:
     return {
         "compiled": not options.debug,
         "jit_compile": options.jit_compile,
-        "distributed": strategy is not None,
+        "distributed": splits_batches(strategy),  # one replica: plain iterators
     }
 
 

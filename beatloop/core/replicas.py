@@ -33,6 +33,15 @@ class BatchShare:
         return tf.cast(self.local, tf.float32) / tf.cast(self.total, tf.float32)
 
 
+def splits_batches(strategy: tf.distribute.Strategy | None) -> bool:
+    """Whether ``strategy`` cuts each global batch into one part per replica: a strategy
+    of several replicas. A strategy of one replica takes whole batches, so its data are
+    read as without a strategy (a plain iterator, passes of known length, the loop
+    traced as a concrete function): a distributed data set's iterator made every step
+    of a one-replica run about twice as slow (``benchmarks/strategy_overhead.py``)."""
+    return strategy is not None and strategy.num_replicas_in_sync > 1
+
+
 def on_replicas(strategy: tf.distribute.Strategy | None, fn: Callable, *args) -> tuple:
     """Run ``fn(*args)`` on one device, or on every replica of ``strategy`` and sum what
     it returns (batch sizes; checks, where a NaN or inf on any replica stays)."""
@@ -47,9 +56,14 @@ def on_replicas(strategy: tf.distribute.Strategy | None, fn: Callable, *args) ->
 def replica_view(strategy, generator: tf.random.Generator, local: tf.Tensor):
     """``(share, random)`` for a step on ``local`` examples: on one device no share and
     the run's generator itself; on a replica its ``BatchShare`` and a
-    ``ReplicaRandom`` over the generator."""
+    ``ReplicaRandom`` over the generator. The one replica of a strategy that does not
+    split batches has the whole batch: no share either (nothing to weight, gather or
+    cut: the step's graph is the one-device step's, which a benchmark measures) and
+    draws made whole, in cross-replica context."""
     if strategy is None:
         return None, generator
+    if not splits_batches(strategy):
+        return None, ReplicaRandom(generator, None)
     share = batch_share(local)
     return share, ReplicaRandom(generator, share)
 
@@ -72,12 +86,15 @@ class ReplicaRandom:
     """The run's generator as one replica sees it: each draw is made once, over the
     global batch (in cross-replica context), and this replica takes its rows. The first
     dimension of a draw's shape must be the replica's batch size (the data's, or that
-    of the loss's own batch: ``own_batch``).
+    of the loss's own batch: ``own_batch``). Without a ``share`` (the only replica) a
+    draw is made as asked.
 
     ``own`` lists the own batches declared through it (``own_batch``), in order: the
     step weights an entry whose losses declared one by its share of it."""
 
-    def __init__(self, generator: tf.random.Generator, share: BatchShare, what: str = "batch"):
+    def __init__(
+        self, generator: tf.random.Generator, share: BatchShare | None, what: str = "batch"
+    ):
         self._generator = generator
         self._share = share
         self._what = what
@@ -86,7 +103,10 @@ class ReplicaRandom:
     def own_batch(self, rows) -> OwnBatch:
         """This replica's share of a batch of ``rows`` rows the loss makes itself,
         split as a data set's batch is (the first ``rows % replicas`` replicas take one
-        more row), declared (``own``) so the step weights the loss by it."""
+        more row), declared (``own``) so the step weights the loss by it. The only
+        replica takes the whole batch, as one device does."""
+        if self._share is None:
+            return OwnBatch(rows, 0, rows, self)
         share = split_rows(rows)
         self.own.append(share)
         random = ReplicaRandom(self._generator, share, what="own batch")
@@ -103,6 +123,12 @@ class ReplicaRandom:
 
     def _draw(self, method: str, shape, *args, **kwargs) -> tf.Tensor:
         share = self._share
+        if share is None:  # the only replica: its batch is the global batch
+
+            def draw_whole(strategy):
+                return getattr(self._generator, method)(shape, *args, **kwargs)
+
+            return tf.distribute.get_replica_context().merge_call(draw_whole)
         shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
         if shape.shape.rank != 1 or shape.shape[0] == 0:
             raise BeatloopError(

@@ -30,6 +30,7 @@ from beatloop.core.counters import Counters
 from beatloop.core.data_origin import refuse_endless_loop_data
 from beatloop.core.errors import DataError
 from beatloop.core.loop import CallResult, CompiledLoop
+from beatloop.core.replicas import splits_batches
 from beatloop.core.sharding import as_one_device, warn_if_not_one_device
 
 
@@ -68,10 +69,12 @@ class IteratorReleaser:
 class DataStream:
     """A run's training passes and validation passes over one ``DataSplit``.
 
-    With a ``strategy`` both data sets are distributed: each global batch is cut into
-    one part per replica (across workers, each takes its parts of the global batches one
-    device would take: ``beatloop.core.sharding``; where the training data cannot, one
-    ``ReproducibilityWarning`` says why, naming the run by ``label``).
+    With a ``strategy`` of several replicas both data sets are distributed: each global
+    batch is cut into one part per replica (across workers, each takes its parts of the
+    global batches one device would take: ``beatloop.core.sharding``; where the training
+    data cannot, one ``ReproducibilityWarning`` says why, naming the run by ``label``). A
+    one-replica strategy's data are read as without a strategy
+    (``replicas.splits_batches``).
     """
 
     def __init__(
@@ -186,9 +189,9 @@ def _skip(iterator, count: tf.Tensor) -> tf.Tensor:
 
 
 def _pass_length(dataset: tf.data.Dataset, strategy) -> int | None:
-    """Batches in one pass over ``dataset`` when known and finite (without a strategy;
-    ``None`` otherwise)."""
-    if strategy is not None:
+    """Batches in one pass over ``dataset`` when known and finite (unless a strategy
+    splits its batches; ``None`` otherwise)."""
+    if splits_batches(strategy):
         return None
     cardinality = int(dataset.cardinality())
     return cardinality if cardinality > 0 else None
@@ -196,9 +199,9 @@ def _pass_length(dataset: tf.data.Dataset, strategy) -> int | None:
 
 def _distributed(strategy, dataset):
     """A data set split across the strategy's replicas: each global batch is cut into
-    one part per replica; across workers, sharded by data unless it chose otherwise
-    (``beatloop.core.sharding.as_one_device``)."""
-    if strategy is None or dataset is None:
+    one part per replica (as it is for one replica: nothing to cut); across workers,
+    sharded by data unless it chose otherwise (``beatloop.core.sharding.as_one_device``)."""
+    if not splits_batches(strategy) or dataset is None:
         return dataset
     return strategy.experimental_distribute_dataset(as_one_device(strategy, dataset))
 
