@@ -149,13 +149,12 @@ def two_tower_cases() -> list[Case]:
         return kwargs
 
     return [
-        Case("two_tower", "defaults (Adam)", make(), 32, control=True),
-        Case("two_tower", "rating task alone", make(retrieval_weight=0.0), 32),
-        Case("two_tower", "retrieval task alone", make(rating_weight=0.0), 32),
-        Case("two_tower", "SGD", make(optimizer="sgd"), 32),
-        Case("two_tower", "lr 0.1", make(learning_rate=0.1), 32),
-        Case("two_tower", "batch 33 (shares 17 + 16)", make(batch_size=33), 32),
-        Case("two_tower", "rating by keras.losses.MeanSquaredError()", make(keras_mse=True), 32),
+        Case("two_tower", "defaults (Adam, batch 32: shares 16 + 16)", make(), 32, control=True),
+        Case("two_tower", "batch 33 (shares 17 + 16, last 1 + 0)", make(batch_size=33), 32),
+        Case("two_tower", "batch 33, SGD 0.01", make(batch_size=33, optimizer="sgd"), 32),
+        Case("two_tower", "batch 33, rating model with gelu", make(batch_size=33, activation="gelu"), 32),
+        Case("two_tower", "batch 33, rating task alone", make(batch_size=33, retrieval_weight=0.0), 32),
+        Case("two_tower", "batch 33, retrieval task alone", make(batch_size=33, rating_weight=0.0), 32),
     ]
 
 
