@@ -4,11 +4,15 @@ Each case fits a recipe twice from the same seed (so the same initial weights an
 on one device, and under a ``MirroredStrategy`` over two logical CPUs, one step per
 compiled call, recording every weight after every step. Printed per case: the steps,
 the largest weight difference after step 1 and at the end, the step where it first
-exceeds 1e-6, and the growth (the gap at steps 1, 2, 4, 8, ...). Variants turn one
-thing off at a time (a loss term, Adam for SGD, the learning rate) to show what the gap
-comes from; ``1 vs 1`` fits one device twice (the process's own reproducibility).
+exceeds 1e-6, the largest one-step growth when it is a jump (tenfold, past 1e-6: a
+step where one run took another branch of a kink, e.g. a ReLU's input within round-off
+of 0), and the growth (the gap at steps 1, 2, 4, 8, ...). Variants turn one thing off
+at a time (a loss term, Adam for SGD, the learning rate, ReLU for GELU) to show what
+the gap comes from; ``1 vs 1`` fits one device twice (the process's own
+reproducibility). docs/speed.md, "Many devices: where the gaps come from", explains
+the figures.
 
-    python benchmarks/replica_gaps.py                 # every case (a few minutes)
+    python benchmarks/replica_gaps.py                 # every case (8-10 minutes on 2 cores)
     python benchmarks/replica_gaps.py --only two_tower,meta
 """
 
@@ -107,9 +111,10 @@ def summary(case: Case, variant: str, per_step: list[float], seconds: float) -> 
     while marks[-1] * 2 < len(per_step):
         marks.append(marks[-1] * 2)
     marks.append(len(per_step) - 1)
-    # The largest one-step growth: a jump (a step that took another branch: a ReLU's
-    # kink, a sign) rather than a steady growth shows as one step multiplying the gap.
-    jump = max(range(1, len(per_step)), key=lambda t: per_step[t] / max(per_step[t - 1], 1e-9))
+    # The largest one-step growth, shown when tenfold and past THRESHOLD: a jump (a step
+    # that took another branch of a kink, a ReLU's, a sign) rather than steady growth.
+    # From step 2: step 1 grows the gap from nothing.
+    jump = max(range(2, len(per_step)), key=lambda t: per_step[t] / max(per_step[t - 1], 1e-9))
     return {
         "recipe": case.recipe,
         "variant": variant,
@@ -118,7 +123,11 @@ def summary(case: Case, variant: str, per_step: list[float], seconds: float) -> 
         "first": per_step[1],
         "final": per_step[-1],
         "over": over,
-        "jump": f"{jump}: {per_step[jump - 1]:.0e} -> {per_step[jump]:.0e}",
+        "jump": (
+            f"{jump}: {per_step[jump - 1]:.0e} -> {per_step[jump]:.0e}"
+            if per_step[jump] > THRESHOLD and per_step[jump] >= 10 * per_step[jump - 1]
+            else "none"
+        ),
         "growth": " ".join(f"{per_step[m]:.0e}" for m in dict.fromkeys(marks)),
         "seconds": seconds,
     }
@@ -148,13 +157,16 @@ def two_tower_cases() -> list[Case]:
 
         return kwargs
 
+    def odd(**config):  # batches of 33
+        return make(batch_size=33, **config)
+
     return [
         Case("two_tower", "defaults (Adam, batch 32: shares 16 + 16)", make(), 32, control=True),
         Case("two_tower", "batch 33 (shares 17 + 16, last 1 + 0)", make(batch_size=33), 32),
         Case("two_tower", "batch 33, SGD 0.01", make(batch_size=33, optimizer="sgd"), 32),
-        Case("two_tower", "batch 33, rating model with gelu", make(batch_size=33, activation="gelu"), 32),
-        Case("two_tower", "batch 33, rating task alone", make(batch_size=33, retrieval_weight=0.0), 32),
-        Case("two_tower", "batch 33, retrieval task alone", make(batch_size=33, rating_weight=0.0), 32),
+        Case("two_tower", "batch 33, rating model with gelu", odd(activation="gelu"), 32),
+        Case("two_tower", "batch 33, rating task alone", odd(retrieval_weight=0.0), 32),
+        Case("two_tower", "batch 33, retrieval task alone", odd(rating_weight=0.0), 32),
     ]
 
 
@@ -172,15 +184,16 @@ def smooth_learner(recipe, activation: str) -> Callable:
 
 
 def meta_cases() -> list[Case]:
-    def make(optimizer=None, builtin=False, activation="relu", **config):
+    def make(optimizer=None, activation="relu", **config):
         def kwargs():
             recipe = beatloop.make_recipe("meta", config)
             if activation != "relu":
                 recipe.build_models = smooth_learner(recipe, activation)
             fitted = {"recipe": recipe, "epochs": 1, "seed": 0}
-            if not builtin:  # training only (no validation), built as fit builds it:
-                keras.utils.set_random_seed(0)  # a seeded shuffle depends on the global seed
-                fitted["data"] = recipe.default_data(0).train
+            # Training only (no validation), built as fit builds it: a seeded shuffle
+            # also depends on the global seed (fit's own data gives the same figures).
+            keras.utils.set_random_seed(0)
+            fitted["data"] = recipe.default_data(0).train
             if optimizer is not None:
                 fitted["optimizers"] = {"adam": optimizer()}
             return fitted
@@ -190,7 +203,6 @@ def meta_cases() -> list[Case]:
     return [
         Case("meta", "defaults (Adam)", make(), 400, control=True),
         Case("meta", "SGD 1e-3", make(lambda: keras.optimizers.SGD(1e-3)), 400),
-        Case("meta", "built-in data, as fit makes it", make(builtin=True), 400),
         Case("meta", "learner with gelu (no kink)", make(activation="gelu"), 400),
     ]
 

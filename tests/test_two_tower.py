@@ -12,7 +12,8 @@ def test_data_is_seeded_and_ratings_are_one_to_five():
     first, again = two_tower_rows(0), two_tower_rows(0)
     for key in first:
         np.testing.assert_array_equal(first[key], again[key])
-    assert first["rating"].min() >= 1 and first["rating"].max() <= 5 and len(first["rating"]) == 1024
+    assert len(first["rating"]) == 1024
+    assert first["rating"].min() >= 1 and first["rating"].max() <= 5
 
 
 def test_both_tasks_learn_in_two_epochs():
