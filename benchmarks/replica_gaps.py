@@ -224,10 +224,36 @@ def style_transfer_cases() -> list[Case]:
     ]
 
 
+def byol_cases() -> list[Case]:
+    from contrastive_hand import SMALL, digits_data
+
+    def make(rows=216, batch_size=9, sgd=False):
+        def kwargs():
+            config = {**SMALL, "target": "ema", "pretrain_epochs": 1}
+            fitted = {"recipe": "contrastive", "config": config, "epochs": 1, "seed": 3}
+            fitted["data"] = digits_data(rows, batch_size, 9)[0]  # pretraining only
+            if sgd:
+                fitted["optimizers"] = {
+                    "pretrain": keras.optimizers.SGD(0.05),
+                    "predictor": keras.optimizers.SGD(0.05),
+                }
+            return fitted
+
+        return kwargs
+
+    return [
+        Case("byol", "Adam, batch 9 (shares 5 + 4)", make(), 24, control=True),
+        Case("byol", "Adam, batch 9, 217 rows: last batch 1 + 0", make(rows=217), 25),
+        Case("byol", "Adam, batch 8 (shares 4 + 4)", make(rows=192, batch_size=8), 24),
+        Case("byol", "SGD 0.05, batch 9", make(sgd=True), 24),
+    ]
+
+
 CASES: dict[str, Callable[[], list[Case]]] = {
     "two_tower": two_tower_cases,
     "meta": meta_cases,
     "style_transfer": style_transfer_cases,
+    "byol": byol_cases,
 }
 
 
