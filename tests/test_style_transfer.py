@@ -136,3 +136,29 @@ def test_run_prints_where_the_stylised_image_is(tmp_path, capsys):
     )
     np.testing.assert_array_equal(named, last)
     assert not np.array_equal(first, last)
+
+
+def test_a_replica_with_no_pair_computes_zero_and_no_gradient():
+    """On two replicas the built-in batch of one pair leaves one replica none: its loss
+    is zero with a zero gradient, and no convolution runs on the empty batch (with
+    oneDNN, TensorFlow 2.21's Conv2D returns an empty batch's input shape, and the
+    step failed with "Incompatible shapes")."""
+    recipe = StyleTransfer(StyleTransfer.Config(**SMALL))
+    spec = recipe.default_data(0).train.element_spec
+    models = recipe.build_models(spec)
+    image = models["image"].variable
+    signature = {key: tf.TensorSpec((None, 32, 32, 3)) for key in ("content", "style")}
+
+    @tf.function(input_signature=[signature])
+    def loss_and_gradient(batch):
+        with tf.GradientTape() as tape:
+            out = recipe.total_loss(ModelCalls(models, frozenset()), batch)
+        return out, tape.gradient(out["loss"], image)
+
+    empty = {key: tf.zeros((0, 32, 32, 3)) for key in ("content", "style")}
+    out, gradient = loss_and_gradient(empty)
+    assert {name: float(value) for name, value in out.items()} == dict.fromkeys(out, 0.0)
+    np.testing.assert_array_equal(gradient, np.zeros(image.shape))
+    batch = next(iter(recipe.default_data(0).train.take(1)))
+    out, gradient = loss_and_gradient(batch)
+    assert float(out["loss"]) > 0 and np.abs(gradient).max() > 0

@@ -42,6 +42,8 @@ from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)
 _non_negative = attrs.validators.ge(0)
+#: The loss's parts, logged as figures.
+_PARTS = ("content_loss", "style_loss", "total_variation")
 
 
 @attrs.frozen
@@ -265,6 +267,24 @@ class StyleTransfer(Recipe):
         return self._extractors[key]
 
     def total_loss(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        """The weighted sum of the content, style and total-variation losses, each a
+        mean over the batch's (content, style) pairs, and the parts for the figures.
+
+        A replica with no pair computes nothing and returns zeros (the engine weights
+        its loss by its share, 0): the built-in batch is one pair, so on two replicas one
+        of them always has none, and a convolution of an empty batch fails with oneDNN
+        (TensorFlow 2.21 returns the input's shape, ``(0, h, w, 3)``, for every
+        ``Conv2D``), where the picture itself, one row whatever the batch, would still be
+        compared with no rows. No collective op runs inside, so replicas may take
+        different branches."""
+        rows = tf.shape(batch["content"])[0]
+        return tf.cond(
+            rows > 0,
+            lambda: self._total_loss(models, batch),
+            lambda: dict.fromkeys(("loss", *_PARTS), tf.constant(0.0)),
+        )
+
+    def _total_loss(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         config = self.config
         picture = self.stylised(models, batch)
         mine = self.features(models, picture)
@@ -292,12 +312,13 @@ class StyleTransfer(Recipe):
         }
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
-        names = ("content_loss", "style_loss", "total_variation")
-        return {name: keras.metrics.Mean(name=name) for name in names}
+        return {name: keras.metrics.Mean(name=name) for name in _PARTS}
 
     def update_metrics(self, metrics, batch, outputs) -> None:
+        # Weighted by pairs: a replica with none adds nothing to the figures.
+        pairs = tf.cast(tf.shape(batch["content"])[0], tf.float32)
         for name, metric in metrics.items():
-            metric.update_state(outputs["total"][name])
+            metric.update_state(outputs["total"][name], sample_weight=pairs)
 
     # --- output ------------------------------------------------------------------------------
 
