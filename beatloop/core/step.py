@@ -17,6 +17,7 @@ import tensorflow as tf
 from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
+from beatloop.core.collectives import Gathering
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -44,7 +45,8 @@ class TrainStep:
     diverged loss (the guard's window itself is updated by the loop, after the step).
     A replica's batch is its share of the global batch, of static shape ``(None, ...)``:
     a loss reads its size with ``tf.shape``, and sees the global batch through
-    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy").
+    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy"), padded as
+    ``gathering`` says (``beatloop.core.collectives.Gathering``).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class TrainStep:
         debug: bool = False,
         strategy: tf.distribute.Strategy | None = None,
         divergence: DivergenceGuard | None = None,
+        gathering: Gathering | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
@@ -63,6 +66,7 @@ class TrainStep:
         self.debug = debug
         self.strategy = strategy
         self.divergence = divergence
+        self.gathering = gathering
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(checks, examples)`` of one step; ``step`` is its number (for ``every``)."""
@@ -112,8 +116,9 @@ class TrainStep:
         outputs = {}
         for repeat in range(group.repeat):
             values, outputs, gradients = group.gradients(
-                self.bound.models, batch, weight=weight, random=random, state=self.bound.state
-            )
+                self.bound.models, batch, weight=weight, random=random, state=self.bound.state,
+                gathering=self.gathering,
+            )  # fmt: skip
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 check_gradients(beat, grads)
                 scaled = loss_scale(beat.optimizer) is not None
@@ -159,7 +164,7 @@ def check_gradients(beat: BoundBeat, grads) -> None:
 class ValidationStep:
     """Every beat's loss on one batch with all models in inference mode, then the
     metrics; no gradient, no update. Noise is drawn from ``random`` (validation's own
-    generator; the run's when none is given)."""
+    generator; the run's when none is given); gathers pad as ``gathering`` says."""
 
     def __init__(
         self,
@@ -169,12 +174,14 @@ class ValidationStep:
         *,
         strategy: tf.distribute.Strategy | None = None,
         random: tf.random.Generator | None = None,
+        gathering: Gathering | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
         self.update_metrics = update_metrics
         self.strategy = strategy
         self.random = bound.random if random is None else random
+        self.gathering = gathering
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return on_replicas(self.strategy, self.on_replica, batch, step)
@@ -186,8 +193,9 @@ class ValidationStep:
         outputs = {}
         for group in self.bound.groups:
             losses, group_outputs = group.losses(
-                self.bound.models, batch, training=False, random=random, state=self.bound.state
-            )
+                self.bound.models, batch, training=False, random=random, state=self.bound.state,
+                gathering=self.gathering,
+            )  # fmt: skip
             outputs.update(group_outputs)
             for beat, loss in zip(group.beats, losses, strict=True):
                 self.metrics.update_loss(beat.name, on_rows(loss, weight), size)
