@@ -13,6 +13,7 @@ the padded rows with every replica's true count, and drops the padding.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 
 import attrs
@@ -67,14 +68,21 @@ def global_batch_size(dataset: tf.data.Dataset) -> int | None:
     """The batch size of ``dataset`` as ``experimental_distribute_dataset`` computes it to
     cut batches into replica shares (no batch holds more rows), or ``None`` where
     TensorFlow cannot compute it (a ``map`` after the ``batch``, a generator's batches).
-    Call eagerly."""
+    Call eagerly; read once a data set (TensorFlow serialises the data set to read it)."""
+    if dataset in _BATCH_SIZES:
+        return _BATCH_SIZES[dataset]
     try:  # TensorFlow's own function for it, not in its public API
         from tensorflow.python.data.experimental.ops.distribute import compute_batch_size
 
         size = int(compute_batch_size(batched_source(dataset)))
     except Exception:  # no batch found, or a TensorFlow without the function
-        return None
-    return size if size > 0 else None
+        size = -1
+    _BATCH_SIZES[dataset] = size if size > 0 else None
+    return _BATCH_SIZES[dataset]
+
+
+#: ``global_batch_size`` by data set (each phase's loops, each evaluation ask again).
+_BATCH_SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _replicas() -> tf.distribute.ReplicaContext | None:
