@@ -16,6 +16,7 @@ from beatloop.core.batches import DataSplit, batch_shapes, check_split
 from beatloop.core.binding import BoundSchedule
 from beatloop.core.building import build_unbuilt
 from beatloop.core.callbacks import Callback
+from beatloop.core.collectives import Gathering
 from beatloop.core.counters import Counters
 from beatloop.core.errors import (
     BeatloopError,
@@ -176,10 +177,12 @@ def _loops(
     """The compiled training loop and, with validation data, the validation loop, each
     traced on its own data set's spec (errors name the recipe ``label`` and the data)."""
     common = _compile_options(options, strategy)
+    steps = options.largest_steps_per_execution
     train_step = TrainStep(
         bound, train_metrics, as_written(recipe, recipe.update_metrics), debug=options.debug,
         strategy=strategy,
         divergence=divergence,
+        gathering=Gathering.of(data.train, strategy, steps, "training"),
     )  # fmt: skip
     with data_errors("training", label), in_recipe(label, data.train.element_spec):
         train_loop = CompiledLoop(
@@ -196,8 +199,8 @@ def _loops(
         return train_loop, None
     validation = validation_loop(
         recipe, bound, validation_metrics, data.validation.element_spec, options,
-        steps_per_execution=options.largest_steps_per_execution, strategy=strategy, label=label,
-        random=validation_random,
+        steps_per_execution=steps, strategy=strategy, label=label, random=validation_random,
+        gathering=Gathering.of(data.validation, strategy, steps, "validation"),
     )  # fmt: skip
     return train_loop, validation
 
@@ -214,12 +217,15 @@ def validation_loop(
     label: str,
     random: tf.random.Generator | None = None,
     role: str = "validation",
+    gathering: Gathering | None = None,
 ) -> CompiledLoop:
     """The compiled loop of validation steps (every beat's loss and the metrics, models in
     inference mode) traced for batches of ``spec``: the run's validation loop, and the one
-    an evaluation on other data (``role``) runs."""
+    an evaluation on other data (``role``) runs; ``gathering``: how its gathers pad."""
     update = as_written(recipe, recipe.update_metrics)
-    step = ValidationStep(bound, metrics, update, strategy=strategy, random=random)
+    step = ValidationStep(
+        bound, metrics, update, strategy=strategy, random=random, gathering=gathering
+    )
     with data_errors(role, label), in_recipe(label, spec):
         return CompiledLoop(step, steps_per_execution, spec, **_compile_options(options, strategy))
 

@@ -7,6 +7,7 @@ tracing, so a mistake reads as a sentence rather than a TensorFlow traceback.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -15,6 +16,10 @@ import tensorflow as tf
 from beatloop.core.errors import DataError
 
 TUPLE_KEYS = ("x", "y", "sample_weight")
+
+#: Each data set ``as_dict_batches`` made with a map (tuples to dicts: the same rows),
+#: to the data set it mapped: TensorFlow cannot see a batch size through a map.
+_MAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @attrs.frozen
@@ -92,7 +97,16 @@ def as_dict_batches(dataset: tf.data.Dataset, role: str) -> tf.data.Dataset:
         )
     if result.cardinality() == 0:
         raise DataError(f"the {role} data set is empty: it gives no batches")
+    if result is not dataset:
+        _MAPPED[result] = dataset
     return result
+
+
+def batched_source(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """The data set whose batches ``dataset``'s are, row for row: the user's, for one
+    ``as_dict_batches`` mapped to dicts (``collectives.global_batch_size`` reads its
+    batch size, which TensorFlow cannot read through the map); else ``dataset``."""
+    return _MAPPED.get(dataset, dataset)
 
 
 def _check_tensor_specs(spec: Mapping, role: str) -> None:

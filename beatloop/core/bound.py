@@ -82,10 +82,11 @@ class BoundBeat:
         training: bool = True,
         random: tf.random.Generator | None = None,
         state: Mapping[str, tf.Variable] | None = None,
+        gathering=None,
     ):
         """This (lone) beat's loss and outputs; ``training=False`` runs every model in
         inference; ``random`` is the generator the loss draws noise from, ``state`` the
-        recipe's state."""
+        recipe's state, ``gathering`` how its gathers pad (``collectives.Gathering``)."""
         return forward(
             self.loss_fn,
             self.name,
@@ -95,6 +96,7 @@ class BoundBeat:
             batch,
             random,
             state,
+            gathering,
         )
 
 
@@ -127,17 +129,22 @@ class BoundGroup:
         ordered = {id(v): v for beat in self.beats for v in beat.variables}
         return tuple(v for key, v in ordered.items() if counts[key] > 1)
 
-    def losses(self, models, batch, *, training: bool = True, random=None, state=None):
+    def losses(
+        self, models, batch, *, training: bool = True, random=None, state=None, gathering=None
+    ):
         """``(losses, outputs)``: each beat's loss in order, and the outputs metrics may
-        use by beat name (a group's forward outputs also under the group's name)."""
+        use by beat name (a group's forward outputs also under the group's name);
+        ``gathering``: how ``models.all_gather`` pads (``collectives.Gathering``)."""
         if self.forward_fn is None:
             (beat,) = self.beats
             loss, outputs = beat.forward(
-                models, batch, training=training, random=random, state=state
+                models, batch, training=training, random=random, state=state, gathering=gathering
             )
             return [loss], {beat.name: outputs}
         mode = self.training if training else frozenset()
-        shared = shared_forward(self.forward_fn, self.name, models, mode, batch, random, state)
+        shared = shared_forward(
+            self.forward_fn, self.name, models, mode, batch, random, state, gathering
+        )
         losses, outputs = [], {self.name: shared}
         for beat in self.beats:
             regularised = beat.regularised(models)
@@ -147,7 +154,7 @@ class BoundGroup:
             losses.append(loss)
         return losses, outputs
 
-    def gradients(self, models, batch, *, weight=None, random=None, state=None):
+    def gradients(self, models, batch, *, weight=None, random=None, state=None, gathering=None):
         """``(losses, outputs, gradients)`` with every beat's gradients taken from the
         same state, one tape per beat; ``gradients[i]`` are beat ``i``'s (loss-scaled)
         gradients of its variables, ``None`` where its loss does not reach one. On a
@@ -156,7 +163,9 @@ class BoundGroup:
         with contextlib.ExitStack() as stack:
             tapes = [stack.enter_context(tf.GradientTape()) for _ in self.beats]
             since = declared(random)
-            losses, outputs = self.losses(models, batch, random=random, state=state)
+            losses, outputs = self.losses(
+                models, batch, random=random, state=state, gathering=gathering
+            )
             if weight is not None:
                 weight = entry_weight(random, since, weight, f"entry {self.name!r}")
             scaled = [

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from beatloop.core.assembly import RunParts, validation_loop
 from beatloop.core.batches import DataSplit, as_evaluation_data, check_evaluation_data
+from beatloop.core.collectives import Gathering
 from beatloop.core.errors import ConfigError, DataError
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.op_errors import data_errors
@@ -83,7 +84,7 @@ class Evaluation:
                 dataset, self.data.train.element_spec, recipe.batch_keys,
                 recipe.check_batch_spec, label,
             )  # fmt: skip
-        logs = self.run(self._loop(spec, limit, role), limit, role, dataset)
+        logs = self.run(self._loop(spec, limit, role, dataset), limit, role, dataset)
         prefix = self.parts.validation_metrics.prefix
         return {name.removeprefix(prefix): value for name, value in logs.items()}
 
@@ -95,25 +96,35 @@ class Evaluation:
             raise ConfigError(f"invalid steps_per_execution: {error}") from None
         return steps_per_execution
 
-    def _loop(self, spec, limit: int, role: str) -> CompiledLoop:
-        """The run's validation loop when it fits ``spec`` and ``limit``; else one traced
-        for them (kept for the next evaluation)."""
-        validation = self.data.validation
+    def _loop(self, spec, limit: int, role: str, dataset=None) -> CompiledLoop:
+        """The run's validation loop when it fits ``spec`` and ``limit`` and gathers
+        right on ``dataset`` (``None``: the validation data); else one traced for them
+        (kept for the next evaluation)."""
+        validation, loop = self.data.validation, self.parts.validation_loop
+        data = validation if dataset is None else dataset
+        gathering = Gathering.of(data, self.strategy, limit, role)
         if (
-            validation is not None
-            and limit <= self.parts.validation_loop.steps_per_execution
+            loop is not None
+            and limit <= loop.steps_per_execution
             and validation.element_spec == spec
+            and _gathers_right(loop, gathering)
         ):
-            return self.parts.validation_loop
+            return loop
         # The bound schedule too: a recipe in phases evaluates its current phase's.
         specs = tuple((name, str(s)) for name, s in sorted(spec.items()))
-        key = (limit, specs, id(self.parts.bound))
+        key = (limit, specs, id(self.parts.bound), gathering)
         if key not in self._loops:
             parts = self.parts
             with parts.names.scope():  # named as if traced with the run's other loops
                 self._loops[key] = validation_loop(
                     parts.recipe, parts.bound, parts.validation_metrics, spec, self.options,
                     steps_per_execution=limit, strategy=self.strategy, label=parts.label,
-                    random=parts.validation_random, role=role,
+                    random=parts.validation_random, role=role, gathering=gathering,
                 )  # fmt: skip
         return self._loops[key]
+
+
+def _gathers_right(loop: CompiledLoop, gathering: Gathering | None) -> bool:
+    """Whether ``loop``'s gathers pad enough for data of ``gathering``."""
+    traced = getattr(loop.step, "gathering", None)  # no strategy (or XLA): none
+    return traced is None or traced.covers(gathering)

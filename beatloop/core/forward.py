@@ -29,8 +29,9 @@ class ModelCalls(Mapping[str, Callable]):
     that call. Float16/bfloat16 outputs of a mixed-precision model come back as float32.
     ``models.raw(name)`` gives the model itself (its variables, sub-models).
     ``models.all_gather(x)`` is the global batch's ``x`` under a distribution strategy
-    (every replica's rows, in replica order), ``x`` itself on one device;
-    ``models.batch_offset`` is where this replica's rows start in it.
+    (every replica's rows, in replica order), ``x`` itself on one device, padded as
+    ``gathering`` says (``collectives.Gathering``, the engine's, fixed when the step is
+    traced); ``models.batch_offset`` is where this replica's rows start in it.
     ``models.own_batch(rows)`` is a batch of ``rows`` rows the loss makes itself (a
     minibatch sampled from a replay buffer): on N replicas each takes its share of the
     rows, drawn once for all, and its loss is weighted by that share (``OwnBatch``).
@@ -57,12 +58,14 @@ class ModelCalls(Mapping[str, Callable]):
         random: tf.random.Generator | None = None,
         batch: Mapping[str, tf.Tensor] | None = None,
         state: Mapping[str, tf.Variable] | None = None,
+        gathering: collectives.Gathering | None = None,
     ):
         self._models = models
         self._training = training
         self._random = random
         self._batch = batch
         self._state = {} if state is None else state
+        self._gathering = gathering
 
     def __getitem__(self, name: str) -> Callable:
         model = self._models[name]
@@ -92,10 +95,11 @@ class ModelCalls(Mapping[str, Callable]):
     @tf.autograph.experimental.do_not_convert
     def all_gather(self, x):
         """The global batch's ``x``: every replica's ``x`` (a tensor or a structure of
-        them) concatenated along axis 0 in replica order, so a loss can see the negatives
-        of the whole batch; ``x`` itself on one device. The gradient flows back to each
-        replica's own rows. Every replica must gather the same shape but for axis 0."""
-        return collectives.all_gather(x)
+        them, each with the replica's rows of the batch on its first axis) concatenated
+        along axis 0 in replica order, so a loss can see the negatives of the whole
+        batch; ``x`` itself on one device. The gradient flows back to each replica's own
+        rows. Every replica must gather the same shape but for axis 0."""
+        return collectives.all_gather(x, self._batch, self._gathering)
 
     @property
     def batch_offset(self) -> tf.Tensor:
@@ -298,13 +302,14 @@ def forward(
     batch: Mapping[str, tf.Tensor],
     random: tf.random.Generator | None = None,
     state: Mapping[str, tf.Variable] | None = None,
+    gathering: collectives.Gathering | None = None,
 ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """Run one beat's loss; add the regularisation losses of the models it updates.
 
     Summed the way Keras's ``compute_loss`` sums them (main loss first, each extra
     loss reduced to a float scalar), so a one-beat schedule matches ``fit`` to round-off.
     """
-    calls = ModelCalls(models, training, random, batch, state)
+    calls = ModelCalls(models, training, random, batch, state, gathering)
     result = call_user(loss_fn, "loss", beat_name, calls, batch)
     return regularised_loss(result, beat_name, regularised)
 
@@ -317,9 +322,10 @@ def shared_forward(
     batch: Mapping[str, tf.Tensor],
     random: tf.random.Generator | None = None,
     state: Mapping[str, tf.Variable] | None = None,
+    gathering: collectives.Gathering | None = None,
 ):
     """Run a group's forward function once: the outputs each of its beats' losses take."""
-    calls = ModelCalls(models, training, random, batch, state)
+    calls = ModelCalls(models, training, random, batch, state, gathering)
     return call_user(forward_fn, "forward", f"group {group_name!r}", calls, batch)
 
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
+from beatloop.core.collectives import Gathering
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -51,7 +52,8 @@ class TrainStep:
     diverged loss (the guard's window itself is updated by the loop, after the step).
     A replica's batch is its share of the global batch, of static shape ``(None, ...)``:
     a loss reads its size with ``tf.shape``, and sees the global batch through
-    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy"). An entry
+    ``models.all_gather`` (docs/schedules.md, "Losses under a strategy"), padded as
+    ``gathering`` says (``beatloop.core.collectives.Gathering``). An entry
     whose losses declare a batch of their own (``models.own_batch``) is weighted by the
     replica's share of that batch instead. An act runs once per step for all replicas,
     in cross-replica context, on the global batch (``replicas.once_per_step``): acting
@@ -67,6 +69,7 @@ class TrainStep:
         debug: bool = False,
         strategy: tf.distribute.Strategy | None = None,
         divergence: DivergenceGuard | None = None,
+        gathering: Gathering | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
@@ -74,6 +77,7 @@ class TrainStep:
         self.debug = debug
         self.strategy = strategy
         self.divergence = divergence
+        self.gathering = gathering
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(checks, examples)`` of one step; ``step`` is its number (for ``every``)."""
@@ -145,6 +149,7 @@ class TrainStep:
                 weight=batch_weight,
                 random=random,
                 state=self.bound.state,
+                gathering=self.gathering,
             )
             weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
             figure = figure_size(size, share, batch_weight, weight)
@@ -193,7 +198,7 @@ def check_gradients(beat: BoundBeat, grads) -> None:
 class ValidationStep:
     """Every beat's loss on one batch with all models in inference mode, then the
     metrics; no gradient, no update. Noise is drawn from ``random`` (validation's own
-    generator; the run's when none is given)."""
+    generator; the run's when none is given); gathers pad as ``gathering`` says."""
 
     def __init__(
         self,
@@ -203,12 +208,14 @@ class ValidationStep:
         *,
         strategy: tf.distribute.Strategy | None = None,
         random: tf.random.Generator | None = None,
+        gathering: Gathering | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
         self.update_metrics = update_metrics
         self.strategy = strategy
         self.random = bound.random if random is None else random
+        self.gathering = gathering
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         return on_replicas(self.strategy, self.on_replica, batch, step)
@@ -221,8 +228,9 @@ class ValidationStep:
         for group in self.bound.groups:
             since = declared(random)
             losses, group_outputs = group.losses(
-                self.bound.models, batch, training=False, random=random, state=self.bound.state
-            )
+                self.bound.models, batch, training=False, random=random, state=self.bound.state,
+                gathering=self.gathering,
+            )  # fmt: skip
             own = entry_weight(random, since, weight, f"entry {group.name!r}")
             figure = figure_size(size, share, weight, own)
             outputs.update(group_outputs)

@@ -141,6 +141,9 @@ def assertion_summary(message: str) -> str:
     """A failed graph assertion's own words, without TensorFlow's traceback and op names:
     ``assertion failed: [labels must be < 5] [Condition x < y did not hold ...]``."""
     last = message.strip().split("\n\n")[-1]
+    roots = re.split(r"\n\s*\(\d+\) [A-Z_]+:\s*", last)
+    if len(roots) > 2 and "root error" in roots[0]:  # each replica's: the first
+        last = roots[1]
     last = re.sub(r"\s*\[\[.*?\]\]", "", last, flags=re.S)
     last = re.sub(r"\s*\[Op:[^\]]*\].*$", "", last, flags=re.S)
     return " ".join(last.split())

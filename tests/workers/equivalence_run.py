@@ -69,6 +69,10 @@ CASES: dict[str, dict] = {
     },
     "meta": {"recipe": "meta", "config": {"batch_size": 25}, "steps_per_epoch": 24},
     "dqn": {"recipe": "dqn", "config": {"steps_per_epoch": 48}},
+    # The TFRS multitask two-tower model (tests/two_tower_recipe.py): 31 batches of 33,
+    # then one row (shares 1 + 0); Adam on ReLUs, and the same with GELUs.
+    "two_tower": {"recipe": "two_tower", "config": {"batch_size": 33}},
+    "two_tower_gelu": {"recipe": "two_tower", "config": {"batch_size": 33, "activation": "gelu"}},
 }
 
 
@@ -96,12 +100,26 @@ def largest(first: dict, second: dict, prefix: str) -> float:
     return float(max(gap.max() if gap.size else 0.0 for gap in gaps))
 
 
+def recipe_of(name: str):
+    """A built-in recipe's name, or a test recipe's class."""
+    if name == "two_tower":
+        from two_tower_recipe import TwoTower
+
+        return TwoTower
+    return name
+
+
 def run_case(beatloop, case: dict, strategy, callbacks=()):
     settings = {key: value for key, value in case.items() if key != "recipe"}
     settings.setdefault("epochs", 1)
     settings.setdefault("steps_per_execution", 4)
     return beatloop.fit(
-        case["recipe"], seed=0, progress=False, strategy=strategy, callbacks=callbacks, **settings
+        recipe_of(case["recipe"]),
+        seed=0,
+        progress=False,
+        strategy=strategy,
+        callbacks=callbacks,
+        **settings,
     )
 
 
