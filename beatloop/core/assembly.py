@@ -111,7 +111,7 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         random, validation_random = (tf.random.Generator.from_seed(seed) for _ in "tv")
         with dtype_policy(options.precision):
             built_models = _models(recipe, spec, models, label)
-            check_made_in_scope(strategy, _given(built_models, models), optimizers or {}, label)
+            check_made_in_scope(strategy, built_models, models, optimizers, label)
             state = built_state(recipe, label)
             with data_errors("training", label):  # models meet the training data here
                 build_unbuilt(recipe, built_models, spec, random, label, state)  # traced
@@ -289,12 +289,6 @@ def _models(recipe: Recipe, spec, given: Mapping | None, label: str) -> dict:
     _refuse_unknown(given, known, "model", label)  # a misspelt name before a missing one
     missing_models(label, recipe.supplied_models, given, None if builds else names)
     return _replaced(built, loaded(given), "model", label, known)
-
-
-def _given(built: Mapping, given: Mapping | None) -> dict:
-    """The models the user passed as objects (a path is loaded inside the scope)."""
-    return {name: built[name] for name, model in (given or {}).items() if name in built
-            and isinstance(model, keras.Layer)}  # fmt: skip
 
 
 def _refuse_unknown(given: Mapping, known, kind: str, label: str) -> None:

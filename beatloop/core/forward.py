@@ -41,14 +41,12 @@ class ModelCalls(Mapping[str, Callable]):
     uninterrupted one would have. In validation (and evaluation) it is validation's own
     generator, reset to the run's seed at the start of each pass.
 
-    A call is checked against the model's declared inputs (a functional or Sequential
-    model built on ``keras.Input``) before Keras runs it: an input of another rank,
-    another size in a known non-batch dimension, or strings for numbers (or the
-    reverse) is an ``InputMismatchError`` naming the model,
-    the input, both shapes and, when the tensor is one of ``batch``'s entries, its key.
-    For a model that declares no inputs, a shape error Keras raises inside it is
-    reported the same way. The checks run in Python when a step is traced: a compiled
-    step holds no op for them.
+    A call is checked against the model's declared inputs (``keras.Input``) before Keras
+    runs it: another rank, another size in a known non-batch dimension, or strings for
+    numbers (or the reverse) is an ``InputMismatchError`` naming the model, the input,
+    both shapes and the batch key; a shape error Keras raises inside a model that
+    declares no inputs is reported the same way. The checks run in Python when a step
+    is traced: a compiled step holds no op for them.
     """
 
     def __init__(
@@ -109,16 +107,12 @@ class ModelCalls(Mapping[str, Callable]):
 
     @tf.autograph.experimental.do_not_convert
     def own_batch(self, rows) -> OwnBatch:
-        """A batch of ``rows`` rows (a Python int or an integer tensor) this loss makes
-        itself rather than takes from the data batch, such as a minibatch sampled from a
-        replay buffer in recipe state: its ``size`` is the rows this replica computes
-        (``rows`` on one device), ``random`` the generator to draw them with (each draw
-        made once over all ``rows`` rows, this replica's returned: draw shapes start
-        with ``size``), ``take(x)`` this replica's rows of an ``x`` of ``rows`` rows.
-        Under a strategy the step then weights this entry's loss by the replica's share
-        of these rows (its loss must be a mean over its own rows), so the replicas
-        together compute what one device computes on the whole batch. On one device it
-        changes nothing: ``size`` is ``rows``, ``random`` the run's generator."""
+        """A batch of ``rows`` rows (an int or an integer tensor) this loss makes itself,
+        such as a minibatch sampled from a replay buffer in recipe state (``OwnBatch``):
+        ``size`` is the rows this replica computes, ``random`` draws them (each draw made
+        once over all ``rows``, this replica's returned), ``take(x)`` this replica's rows
+        of an ``x`` of ``rows`` rows. Under a strategy the step weights the entry's loss
+        (a mean over its own rows) by this share; on one device it changes nothing."""
         random = self.random
         if isinstance(random, ReplicaRandom):
             return random.own_batch(rows)

@@ -18,15 +18,20 @@ from beatloop.core.errors import ConfigError
 
 def check_made_in_scope(
     strategy: tf.distribute.Strategy | None,
-    models: Mapping[str, keras.Layer],
-    optimizers: Mapping[str, keras.optimizers.Optimizer],
+    built: Mapping[str, keras.Layer],
+    models: Mapping | None,
+    optimizers: Mapping | None,
     label: str,
 ) -> None:
-    """Refuse, in one ``ConfigError``, every passed model or optimizer whose variables
-    were made outside ``strategy``'s scope (nothing to check without a strategy; a model
-    not built yet is built in the scope by the run)."""
+    """Refuse, in one ``ConfigError``, every model or optimizer the user passed
+    (``models``, ``optimizers``) whose variables were made outside ``strategy``'s scope;
+    ``built`` are the run's models (a passed path is loaded in the scope). Nothing to
+    check without a strategy; a model not built yet is built in the scope by the run."""
     if strategy is None:
         return
+    models = {name: built[name] for name, given in (models or {}).items()
+              if name in built and isinstance(given, keras.Layer)}  # fmt: skip
+    optimizers = optimizers or {}
     problems = [
         f"{kind} {name!r} (its variable {path!r})"
         for kind, parts in (("model", models), ("optimizer", optimizers))
