@@ -63,7 +63,7 @@ def handed_once(context: tf.distribute.ReplicaContext, grads: list) -> list:
     first = tf.equal(context.replica_id_in_sync_group, 0)
 
     def once(grad):
-        if isinstance(grad, tf.IndexedSlices):
+        if isinstance(grad, tf.IndexedSlices):  # an embedding's: kept sparse, as Keras takes it
             values = tf.where(first, grad.values, tf.zeros_like(grad.values))
             return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
         return tf.where(first, grad, tf.zeros_like(grad))

@@ -64,6 +64,36 @@ class Gathering:
         return self.rows is not None and other.rows is not None and other.rows <= self.rows
 
 
+def even_sparse(grads: list, rows: tf.Tensor, gathering: Gathering | None) -> list:
+    """``grads`` with each sparse gradient (an embedding lookup's ``IndexedSlices``, a
+    row per lookup) padded with zero rows at index 0 to one row count on every replica
+    and at every step of a K-step call: the optimizer sums a sparse gradient over
+    replicas by gathering its rows, and a collective inside the loop must have one shape
+    at every step. The count is ``gathering.rows`` (the largest share) times the lookups
+    per example (every replica's lookups over every replica's ``rows``), or more if a
+    replica has more. Zero rows add exactly nothing: Keras's optimizers scatter-add a
+    sparse gradient's rows (and their squares), so its update is the unpadded one's."""
+    context = _replicas()
+    if gathering is None or context is None:
+        return grads
+    return [_even(g, rows, gathering, context) if isinstance(g, tf.IndexedSlices) else g
+            for g in grads]  # fmt: skip
+
+
+def _even(grad: tf.IndexedSlices, rows, gathering: Gathering, context) -> tf.IndexedSlices:
+    lookups = tf.shape(grad.values, out_type=tf.int64)[0]
+    counts = context.all_gather(tf.stack([[lookups, tf.cast(rows, tf.int64)]]), axis=0)
+    per_row = -(-tf.reduce_sum(counts[:, 0]) // tf.maximum(tf.reduce_sum(counts[:, 1]), 1))
+    target = tf.reduce_max(counts[:, 0])
+    if gathering.rows is not None:
+        target = tf.maximum(target, gathering.rows * per_row)
+    extra = target - lookups
+    zeros = tf.zeros(tf.concat([[extra], tf.shape(grad.values, out_type=tf.int64)[1:]], 0))
+    values = tf.concat([grad.values, tf.cast(zeros, grad.values.dtype)], axis=0)
+    indices = tf.concat([grad.indices, tf.zeros([extra], grad.indices.dtype)], axis=0)
+    return tf.IndexedSlices(values, indices, grad.dense_shape)
+
+
 def global_batch_size(dataset: tf.data.Dataset) -> int | None:
     """The batch size of ``dataset`` as ``experimental_distribute_dataset`` computes it to
     cut batches into replica shares (no batch holds more rows), or ``None`` where

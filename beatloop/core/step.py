@@ -17,7 +17,7 @@ import tensorflow as tf
 from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
-from beatloop.core.collectives import Gathering
+from beatloop.core.collectives import Gathering, even_sparse
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -151,6 +151,7 @@ class TrainStep:
                 state=self.bound.state,
                 gathering=self.gathering,
             )
+            gradients = [even_sparse(grads, size, self.gathering) for grads in gradients]
             weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
             figure = figure_size(size, share, batch_weight, weight)
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
