@@ -157,6 +157,7 @@ def main(out: str, names: list[str]) -> None:
             "optimizer": largest(first, second, "optimizer:"),
             "state": largest(first, second, "state:"),
             "moved": largest(first, start, "model:"),
+            "worst": max(first, key=lambda k: largest({k: first[k]}, {k: second[k]}, k)),
             "steps": [one.steps, two.steps],
             "seconds": round(time.perf_counter() - began, 1),
         }
