@@ -167,6 +167,20 @@ def start_python(*args: str, python=sys.executable, **env: str | None) -> subpro
     )
 
 
+def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> None:
+    """Wait for every process (bounded) and fail on a non-zero exit, with the end of its
+    stderr; on a failure or a hang, kill them all."""
+    try:
+        for process in processes:
+            _, err = process.communicate(timeout=timeout)
+            assert process.returncode == 0, err[-3000:]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
 def run_python(*args: str, python=sys.executable, timeout: float = 300, **env: str | None) -> str:
     """Run ``python ARGS`` to its end as ``start_python`` starts it (killed after
     ``timeout`` seconds) and return its stdout; a non-zero exit fails the test with the

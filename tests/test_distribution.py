@@ -10,7 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_close_weights, assert_same_weights, load_npz, start_python
+from helpers import (
+    assert_close_weights,
+    assert_same_weights,
+    finish_all,
+    load_npz,
+    start_python,
+)
 
 from beatloop.cli.workers import free_ports
 
@@ -22,19 +28,6 @@ def start(mode: str, out: Path, tf_config: dict | None = None) -> subprocess.Pop
     return start_python(
         WORKER, mode, out, TF_CONFIG=None if tf_config is None else json.dumps(tf_config)
     )
-
-
-def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> None:
-    """Wait for every process (bounded); on a failure or a hang, kill them all."""
-    try:
-        for process in processes:
-            _, err = process.communicate(timeout=timeout)
-            assert process.returncode == 0, err[-3000:]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import load_npz, run_python, start_python
+from helpers import finish_all, load_npz, run_python, start_python
 
 from beatloop.cli.workers import free_ports
 
@@ -82,15 +82,7 @@ def test_two_local_workers_end_on_the_weights_of_one_device(matrix, tmp_path):
         out.mkdir()
         config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         processes.append(start_python(WORKER, "--worker", out, *ON_WORKERS, TF_CONFIG=config))
-    try:
-        for process in processes:
-            _, err = process.communicate(timeout=600)
-            assert process.returncode == 0, err[-3000:]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+    finish_all(processes, timeout=600)
     for case in ON_WORKERS:
         one = load_npz(matrix["dir"] / f"{case}.npz")
         first, second = (load_npz(out / f"{case}.npz") for out in outs)

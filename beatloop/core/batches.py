@@ -8,7 +8,7 @@ tracing, so a mistake reads as a sentence rather than a TensorFlow traceback.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 import tensorflow as tf
@@ -208,3 +208,17 @@ def leading_dimension(batch: Mapping[str, tf.Tensor]) -> tf.Tensor:
     """The number of examples in a batch: the first dimension of its first tensor."""
     first = batch[next(iter(sorted(batch)))]
     return tf.shape(first, out_type=tf.int64)[0]
+
+
+def pipeline(dataset: tf.data.Dataset) -> Iterator[tf.data.Dataset]:
+    """``dataset`` and every data set its pipeline is built on, each once, read through
+    TensorFlow's private ``_inputs()``: a caller catches what a data set of a shape that
+    API does not show raises."""
+    pending, seen = [dataset], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        pending.extend(current._inputs())

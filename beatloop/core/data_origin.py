@@ -12,7 +12,7 @@ import attrs
 import tensorflow as tf
 from tensorflow.python.data.ops import structured_function
 
-from beatloop.core.batches import DataSplit
+from beatloop.core.batches import DataSplit, pipeline
 from beatloop.core.errors import ConfigError, ResumeWarning
 
 #: The batch key of loop data: each batch is ``{"tick": [0]}``, one example.
@@ -62,16 +62,10 @@ def python_ops(dataset: tf.data.Dataset) -> list[str]:
     copy every array the pipeline holds."""
     found: set[str] = set()
     try:
-        pending, seen = [dataset], set()
-        while pending:
-            current = pending.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
+        for current in pipeline(dataset):
             for value in vars(current).values():
                 if isinstance(value, structured_function.StructuredFunctionWrapper):
                     found |= _graph_ops(value.function.graph.as_graph_def())
-            pending.extend(current._inputs())
     except Exception:  # a data set of a shape TensorFlow's private API does not show
         return []
     return sorted(found & _PYTHON_OPS)

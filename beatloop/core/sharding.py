@@ -20,6 +20,7 @@ import warnings
 import tensorflow as tf
 from tensorflow.python.data.ops import shuffle_op
 
+from beatloop.core.batches import pipeline
 from beatloop.core.errors import ReproducibilityWarning
 from beatloop.core.workers import worker_of
 
@@ -89,16 +90,10 @@ def unseeded_shuffles(dataset: tf.data.Dataset) -> int:
     seed given and no global seed set when they were built); 0 when it cannot be read."""
     count = 0
     try:
-        pending, seen = [dataset], set()
-        while pending:
-            current = pending.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
+        for current in pipeline(dataset):
             if isinstance(current, shuffle_op._ShuffleDataset):
                 seeds = (tf.get_static_value(current._seed), tf.get_static_value(current._seed2))
                 count += seeds == (0, 0)
-            pending.extend(current._inputs())
     except Exception:  # a data set of a shape TensorFlow's private API does not show
         return 0
     return count
