@@ -68,8 +68,9 @@ def test_one_device_and_two_replicas_end_on_the_same_weights(matrix, case):
 
 
 #: Cases the slow tier also runs on two local workers (one CPU each): a transform on
-#: the global gradient, a gather across processes, and the plain case.
-ON_WORKERS = ("supervised", "risk_weighted_global_norm", "contrastive")
+#: the global gradient, a gather across processes, one agent acting for both workers,
+#: and the plain case.
+ON_WORKERS = ("supervised", "risk_weighted_global_norm", "contrastive", "dqn")
 
 
 @pytest.mark.slow

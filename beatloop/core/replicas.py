@@ -279,10 +279,11 @@ def once_per_step(
 
 def global_batch(strategy: tf.distribute.Strategy, batch):
     """The global batch from every replica's part (cross-replica context): the local
-    parts concatenated in replica order, or, with replicas on other workers, gathered."""
+    parts concatenated in replica order; with replicas on other workers, the batch the
+    step gathered already (``models.all_gather``), the same on every local replica."""
     parts = strategy.experimental_local_results(batch)
     if len(parts) != strategy.num_replicas_in_sync:
-        return strategy.gather(batch, axis=0)
+        return parts[0]
     return tf.nest.map_structure(lambda *rows: tf.concat(rows, axis=0), *parts)
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 from beatloop.core.applying import apply_combined, apply_update, loss_scale
 from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
-from beatloop.core.collectives import Gathering, even_sparse
+from beatloop.core.collectives import Gathering, all_gather, even_sparse
 from beatloop.core.errors import ScheduleError
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
@@ -130,6 +130,9 @@ class TrainStep:
         def run(whole, state) -> None:
             act.run(self.bound.models, whole, random=self.bound.random, state=state)
 
+        if len(self.strategy.extended.worker_devices) < self.strategy.num_replicas_in_sync:
+            # replicas on other workers: each worker acts alike on the gathered batch
+            batch = all_gather(batch, batch, self.gathering)
         once_per_step(self.bound.state, run, batch, step, act.every)
 
     def run_group(self, group: BoundGroup, batch, size, share, random, step):
