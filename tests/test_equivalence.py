@@ -42,6 +42,7 @@ BOUNDS: dict[str, float] = {
     # carries that example's gradient to 2.8e-3; with GELUs Adam keeps round-off at 1e-6.
     "two_tower": 5e-3,
     "two_tower_gelu": 1e-5,
+    "noisy": ROUND_OFF,  # models.random drawn inside a conditional of the loss
 }
 
 
@@ -65,6 +66,16 @@ def test_one_device_and_two_replicas_end_on_the_same_weights(matrix, case):
     assert figures["moved"] > 1e-2, figures  # training moved the weights
     for part in ("weights", "optimizer", "state"):
         assert figures[part] <= BOUNDS[case], (part, figures)
+
+
+@pytest.mark.slow
+def test_an_entry_every_other_step_is_refused_on_two_replicas_before_the_first_step(matrix):
+    refused = matrix["every"]
+    assert refused is not None and refused["class"] == "ScheduleError", refused
+    assert refused["message"].startswith(
+        "recipe 'noisy': the schedule has 1 problem(s):\n  - entry 'noisy' runs every 2 steps, "
+        "which a distribution strategy of 2 replicas cannot run"
+    ), refused["message"]
 
 
 #: Cases the slow tier also runs on two local workers (one CPU each): a transform on

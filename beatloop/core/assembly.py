@@ -38,7 +38,7 @@ from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
 from beatloop.core.replicas import splits_batches
 from beatloop.core.step import TrainStep, ValidationStep
-from beatloop.core.strategy_scope import check_made_in_scope
+from beatloop.core.strategy_scope import check_every, check_made_in_scope
 from beatloop.core.supplied import loaded, missing_models
 from beatloop.core.user_code import as_written, in_recipe, recipe_functions
 
@@ -131,6 +131,7 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
                 strategy,
                 state,
             )
+        check_every(strategy, bounds, label)
         beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
         beat_names = list(dict.fromkeys(beat.name for beat in beats))
         last_logged = [beat.name for beat in beats if beat.log == "last"]

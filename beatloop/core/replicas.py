@@ -124,11 +124,7 @@ class ReplicaRandom:
     def _draw(self, method: str, shape, *args, **kwargs) -> tf.Tensor:
         share = self._share
         if share is None:  # the only replica: its batch is the global batch
-
-            def draw_whole(strategy):
-                return getattr(self._generator, method)(shape, *args, **kwargs)
-
-            return tf.distribute.get_replica_context().merge_call(draw_whole)
+            return self._whole(method, shape, *args, **kwargs)
         shape = tf.cast(tf.convert_to_tensor(shape), tf.int64)
         if shape.shape.rank != 1 or shape.shape[0] == 0:
             raise BeatloopError(
@@ -149,13 +145,28 @@ class ReplicaRandom:
         )
         with tf.control_dependencies([checked]):
             whole = tf.concat([tf.reshape(share.total, [1]), shape[1:]], axis=0)
-
-        def draw(strategy, whole):
-            shape = strategy.experimental_local_results(whole)[0]  # the same in every replica
-            return getattr(self._generator, method)(shape, *args, **kwargs)
-
-        drawn = tf.distribute.get_replica_context().merge_call(draw, args=(whole,))
+        drawn = self._whole(method, whole, *args, **kwargs)
         return drawn[share.offset : share.offset + share.local]
+
+    def _whole(self, method: str, shape, *args, **kwargs) -> tf.Tensor:
+        """The draw one device makes, made on this replica: each replica reads and
+        advances its own copy of the generator's state (the copies stay equal), and
+        TensorFlow's mixing of the replica's number into the key (which makes replicas
+        draw apart) is left out, so every replica draws one device's numbers. No
+        ``merge_call``: TensorFlow refuses one inside a conditional (a beat's ``every``).
+        Replicas trace one at a time, so the key's mixing is off for this draw alone."""
+        generator = self._generator
+        generator._preprocess_key = _unmixed  # shadows the method for this draw
+        try:
+            return getattr(generator, method)(shape, *args, **kwargs)
+        finally:
+            del generator._preprocess_key
+
+
+def _unmixed(key: tf.Tensor) -> tf.Tensor:
+    """A generator's key as one device uses it (``Generator._preprocess_key`` mixes in
+    the replica's number under a strategy)."""
+    return key
 
 
 def _shown(shape: tf.Tensor) -> str:

@@ -1,9 +1,12 @@
-"""Parts the user passes to a run under a distribution strategy: models and optimizers
-must have been made inside ``strategy.scope()`` (their variables are then the
-strategy's), else the run is refused before its first step with a ``ConfigError``
-saying where to build them; TensorFlow's own error comes only at the first update, as
-a ``ValueError`` printing the variable's values, or a ``RuntimeError`` about mixed
-strategies.
+"""What a run under a distribution strategy refuses before its first step.
+
+Models and optimizers the user passes must have been made inside ``strategy.scope()``
+(their variables are then the strategy's), else a ``ConfigError`` says where to build
+them; TensorFlow's own error comes only at the first update, as a ``ValueError``
+printing the variable's values, or a ``RuntimeError`` about mixed strategies. A beat or
+group with ``every`` above 1 is a ``ScheduleError`` on several replicas: its update
+would sit in a conditional inside each replica, and TensorFlow refuses the optimizer's
+cross-replica sum there (a ``RuntimeError`` about ``merge_call``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core.errors import ConfigError
+from beatloop.core.errors import ConfigError, ScheduleError
 
 
 def check_made_in_scope(
@@ -63,3 +66,21 @@ def _outside(strategy: tf.distribute.Strategy, part) -> str | None:
         ):
             return getattr(variable, "path", None) or handle.name
     return None
+
+
+def check_every(strategy: tf.distribute.Strategy | None, bounds, label: str) -> None:
+    """Refuse, in one ``ScheduleError``, every entry with ``every`` above 1 in the bound
+    schedules (``bounds``: one per phase) when ``strategy`` has several replicas."""
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        return
+    entries = {group.name: group.every for bound in bounds for group in bound.groups}
+    problems = [
+        f"entry {name!r} runs every {every} steps, which a distribution strategy of "
+        f"{strategy.num_replicas_in_sync} replicas cannot run (TensorFlow refuses the "
+        "optimizer's sum over replicas inside the step's conditional); give it every=1, "
+        "or train on one device"
+        for name, every in entries.items()
+        if every > 1
+    ]
+    if problems:
+        raise ScheduleError(problems, f"{label}: the schedule")

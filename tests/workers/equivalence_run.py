@@ -73,6 +73,8 @@ CASES: dict[str, dict] = {
     # then one row (shares 1 + 0); Adam on ReLUs, and the same with GELUs.
     "two_tower": {"recipe": "two_tower", "config": {"batch_size": 33}},
     "two_tower_gelu": {"recipe": "two_tower", "config": {"batch_size": 33, "activation": "gelu"}},
+    # A beat drawing noise from the run's generator inside a conditional.
+    "noisy": {"recipe": "noisy", "steps_per_epoch": 24},
 }
 
 
@@ -106,7 +108,65 @@ def recipe_of(name: str):
         from two_tower_recipe import TwoTower
 
         return TwoTower
+    if name == "noisy":
+        return noisy()
     return name
+
+
+def noisy(every: int = 1):
+    """Two beats on one classifier, the second (every ``every`` steps) on inputs with
+    noise drawn from ``models.random`` inside a conditional of the loss's own."""
+    import keras
+
+    import beatloop
+    from beatloop.data import digits
+
+    def cross_entropy(models, x, y):
+        logits = models["model"](x)
+        return tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=tf.cast(y, tf.int32), logits=logits
+            )
+        )
+
+    class NoisyEvery(beatloop.Recipe):
+        name, batch_keys = "noisy", {"x": 2, "y": 1}
+
+        def default_data(self, seed):
+            return digits(seed, 33)
+
+        def build_models(self, spec):
+            dense = keras.layers.Dense
+            return {"model": keras.Sequential([keras.Input((64,)), dense(16, "relu"), dense(10)])}
+
+        def build_optimizers(self):
+            return {"clean": keras.optimizers.SGD(0.05), "noisy": keras.optimizers.Adam(1e-3)}
+
+        def losses(self):
+            return {"clean": self.clean, "noisy": self.noisy}
+
+        def clean(self, models, batch):
+            return cross_entropy(models, batch["x"], batch["y"])
+
+        def noisy(self, models, batch):
+            x = batch["x"]
+            noise = tf.cond(
+                tf.reduce_max(x) >= 0.0,  # always: a draw inside a conditional
+                lambda: models.random.normal(tf.shape(x)),
+                lambda: tf.zeros_like(x),
+            )
+            return cross_entropy(models, x + 0.5 * noise, batch["y"])
+
+        def schedule(self):
+            return beatloop.Schedule(
+                [
+                    beatloop.Beat("clean", "clean", "model"),
+                    beatloop.Beat("noisy", "noisy", "model", every=every),
+                ],
+                shared=("model",),
+            )
+
+    return NoisyEvery
 
 
 def run_case(beatloop, case: dict, strategy, callbacks=()):
@@ -162,6 +222,11 @@ def main(out: str, names: list[str]) -> None:
             "seconds": round(time.perf_counter() - began, 1),
         }
         print(name, report["cases"][name], flush=True)
+    try:  # a beat every other step: refused on two replicas, before the first step
+        beatloop.fit(noisy(every=2), seed=0, progress=False, strategy=strategy, epochs=1)
+        report["every"] = None
+    except beatloop.BeatloopError as error:
+        report["every"] = {"class": type(error).__name__, "message": str(error)}
     Path(out).write_text(json.dumps(report, indent=1))
 
 
