@@ -238,16 +238,15 @@ class StyleTransfer(Recipe):
         return models["generator"](source)
 
     def features(self, models: ModelCalls, pictures: tf.Tensor) -> dict[str, tf.Tensor]:
-        """The named layers' activations of the frozen feature network (inference mode)."""
+        """The named layers' activations of the frozen feature network (inference mode),
+        in float32 (a mixed-precision network's are float16), so the losses are."""
         if self.config.preprocess == "vgg":
             pictures = keras.applications.vgg19.preprocess_input(pictures * 255.0)
-        return dict(
-            zip(
-                self._layer_names(),
-                self._extractor(models.raw("features"))(pictures, training=False),
-                strict=True,
-            )
-        )
+        outputs = self._extractor(models.raw("features"))(pictures, training=False)
+        return {
+            name: tf.cast(output, tf.float32)
+            for name, output in zip(self._layer_names(), outputs, strict=True)
+        }
 
     def _layer_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((self.config.content_layer, *self.config.style_layers)))
