@@ -21,6 +21,10 @@ CLI_SPELLINGS = (
         r"pass --steps-per-execution \1 or auto (steps_per_execution= in Python)",
     ),
     (
+        re.compile(r"\bpass steps_per_execution=(\d+)\b"),
+        r"pass --steps-per-execution \1 (steps_per_execution=\1 in Python)",
+    ),
+    (
         re.compile(r"\bpass steps_per_epoch=N\b"),
         "end it, or pass steps_per_epoch=N to beatloop.fit in Python (the command line "
         "reads data sources to their end)",
