@@ -120,17 +120,8 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
         schedule = recipe.schedule()
         with data_errors("training", label):
-            bounds = _bind(
-                recipe,
-                schedule,
-                built_models,
-                built_optimizers,
-                spec,
-                random,
-                label,
-                strategy,
-                state,
-            )
+            bounds = _bind(recipe, schedule, built_models, built_optimizers, spec, random,
+                           label, strategy, state)  # fmt: skip
         check_every(strategy, bounds, label)
         beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
         beat_names = list(dict.fromkeys(beat.name for beat in beats))
