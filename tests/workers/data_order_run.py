@@ -83,13 +83,9 @@ class Recording(beatloop.Recipe):
         return {"fit": loss}
 
     def record(self, models, batch):
-        """Each replica's ids padded with -1 to a whole batch (collectives in a K-step loop
-        must agree on shapes at every step), gathered, the padding dropped, the row padded
-        again."""
+        """The global batch's ids (an act runs once a step, on the global batch, whatever
+        the replica count), padded with -1 to a whole batch."""
         ids = ids_of(batch)
-        padded = tf.concat([ids, -tf.ones([self.batch_size - tf.shape(ids)[0]], tf.int64)], 0)
-        gathered = models.all_gather(padded)
-        ids = tf.boolean_mask(gathered, gathered >= 0)
         row = tf.concat([ids, -tf.ones([self.batch_size - tf.shape(ids)[0]], tf.int64)], 0)
         seen, at = models.state["seen"], models.state["at"]
         seen.assign(tf.tensor_scatter_nd_update(seen, [[at]], [row]))
