@@ -89,12 +89,29 @@ def test_on_one_worker_a_data_set_is_distributed_as_it_is():
 
 
 def test_shuffles_without_a_seed_are_found_in_the_pipeline():
-    rows = tf.data.Dataset.range(10)
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import config
+
+    # An earlier fit(seed=...) in this process set a global seed and op determinism (which
+    # refuses a shuffle without a seed): as in a fresh process, neither while it is built.
+    global_seed, deterministic = context.global_seed(), config.is_op_determinism_enabled()
+    tf.random.set_seed(None)
+    config.disable_op_determinism()
+    try:
+        rows = tf.data.Dataset.range(10)
+        unseeded = rows.shuffle(10).map(lambda r: r + 1).shuffle(5).batch(2)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        with_options = rows.shuffle(10).batch(2).with_options(options)
+    finally:
+        tf.random.set_seed(global_seed)
+        if deterministic:
+            config.enable_op_determinism()
     assert unseeded_shuffles(rows.shuffle(10, seed=3).batch(2).prefetch(1)) == 0
-    assert unseeded_shuffles(rows.shuffle(10).map(lambda r: r + 1).shuffle(5).batch(2)) == 2
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    assert unseeded_shuffles(rows.shuffle(10).batch(2).with_options(options)) == 1
+    assert unseeded_shuffles(unseeded) == 2
+    assert unseeded_shuffles(with_options) == 1
 
 
 # --- two replicas: one worker process for every check ---------------------------------------
