@@ -275,7 +275,15 @@ class StyleTransfer(Recipe):
         (TensorFlow 2.21 returns the input's shape, ``(0, h, w, 3)``, for every
         ``Conv2D``), where the picture itself, one row whatever the batch, would still be
         compared with no rows. No collective op runs inside, so replicas may take
-        different branches."""
+        different branches. On one device there is no conditional (XLA's dynamic padder
+        fails on the Gram matrices' gradients inside one)."""
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return self._total_loss(models, batch)
+        return self.total_loss_of_any_rows(models, batch)
+
+    def total_loss_of_any_rows(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
+        """``total_loss`` as a replica computes it: zeros when its batch has no pair."""
         rows = tf.shape(batch["content"])[0]
         return tf.cond(
             rows > 0,
