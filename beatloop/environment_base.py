@@ -1,8 +1,9 @@
 """What an environment is: the ``Environment`` base class, an episodic task written in
-TensorFlow ops that a recipe (``dqn``) steps inside its compiled training step.
+TensorFlow ops that a recipe (``dqn``, ``ppo``) steps inside its compiled training step.
 
 An environment is pure functions of its state, a dict of tensors: ``reset`` starts an
-episode, ``observe`` reads what the agent sees, ``step`` moves it on. The state lives
+episode, ``observe`` reads what the agent sees, ``step`` moves it on; the ``*_batch`` methods do
+the same for N copies at once (stacked states). The state lives
 wherever the caller keeps it: in recipe state variables for training (``build_state``),
 in loop variables for a greedy roll-out that must not touch them. This module imports
 nothing of the plugins, so the registry, the built-in kinds and the recipe all import it.
@@ -91,6 +92,30 @@ class Environment(abc.ABC):
         """One move: ``(next_state, reward, terminal)``, a float32 reward and a bool
         that says the episode ended in a terminal state (nothing follows it)."""
 
+    # -- N copies at once (the ``ppo`` recipe's parallel environments) -----------------
+    # A state of N copies holds each entry of a single state stacked along a new first
+    # dimension. The defaults unroll the single-copy methods over the copies (so any
+    # environment works); a built-in overrides them with ops on the whole batch.
+
+    def reset_batch(self, random: tf.random.Generator, count: int) -> State:
+        """``count`` new episodes' first states, stacked: ``reset`` once per copy."""
+        starts = [self.reset(random) for _ in range(count)]
+        return {key: tf.stack([start[key] for start in starts]) for key in starts[0]}
+
+    def observe_batch(self, state: State) -> tf.Tensor:
+        """What the agent sees in each copy: ``[count, observation_size]`` float32."""
+        return tf.stack([self.observe(one) for one in _copies(state)])
+
+    def step_batch(
+        self, state: State, action: tf.Tensor, random: tf.random.Generator
+    ) -> tuple[State, tf.Tensor, tf.Tensor]:
+        """Every copy moved by its action (``[count]`` int32): the stacked next states,
+        ``[count]`` rewards and ``[count]`` terminal flags (``step`` once per copy)."""
+        moves = [self.step(one, action[i], random) for i, one in enumerate(_copies(state))]
+        after = {key: tf.stack([move[0][key] for move in moves]) for key in moves[0][0]}
+        rewards = tf.stack([tf.cast(move[1], tf.float32) for move in moves])
+        return after, rewards, tf.stack([tf.cast(move[2], tf.bool) for move in moves])
+
     def build_state(self) -> dict[str, tf.Variable]:
         """Variables holding a state, started at ``initial_state()``: what a recipe puts
         in its recipe state (non-trainable, so checkpointed with it)."""
@@ -105,3 +130,9 @@ class Environment(abc.ABC):
             f"{self.name} (observation {self.observation_size}, {self.action_count} "
             f"actions, horizon {self.horizon})"
         )
+
+
+def _copies(state: State) -> list[State]:
+    """The single-copy states of a stacked state (its copy count known when traced)."""
+    count = next(iter(state.values())).shape[0]
+    return [{key: value[i] for key, value in state.items()} for i in range(count)]

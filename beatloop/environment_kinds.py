@@ -1,5 +1,6 @@
 """The built-in environments: ``chain`` (a walk to the end of a corridor, the ``dqn``
-recipe's default) and ``cartpole`` (the classic pole balancing, in TensorFlow ops).
+recipe's default) and ``cartpole`` (the classic pole balancing, in TensorFlow ops, the
+``ppo`` recipe's default), each with batched methods on the whole stack of copies.
 Registered by the built-in plugin; a recipe finds them by name through
 ``beatloop.environments``.
 """
@@ -67,6 +68,16 @@ class Chain(Environment):
         arrived = tf.equal(moved, last)
         return {"position": moved}, tf.cast(arrived, tf.float32), arrived
 
+    # Chain's ops are elementwise: on a stacked state they move every copy at once.
+    def reset_batch(self, random: tf.random.Generator, count: int) -> State:
+        return {"position": tf.zeros([count], tf.int32)}
+
+    def observe_batch(self, state: State) -> tf.Tensor:
+        return self.observe(state)
+
+    def step_batch(self, state: State, action: tf.Tensor, random: tf.random.Generator):
+        return self.step(state, action, random)
+
 
 @attrs.frozen
 class CartPoleConfig:
@@ -121,8 +132,24 @@ class CartPole(Environment):
         return state["physics"]
 
     def step(self, state: State, action: tf.Tensor, random: tf.random.Generator):
+        physics, fallen = self._advance(state["physics"], action, axis=0)
+        return {"physics": physics}, tf.constant(1.0), fallen
+
+    def reset_batch(self, random: tf.random.Generator, count: int) -> State:
+        return {"physics": random.uniform([count, 4], -0.05, 0.05)}
+
+    def observe_batch(self, state: State) -> tf.Tensor:
+        return state["physics"]
+
+    def step_batch(self, state: State, action: tf.Tensor, random: tf.random.Generator):
+        physics, fallen = self._advance(state["physics"], action, axis=-1)
+        return {"physics": physics}, tf.ones_like(physics[:, 0]), fallen
+
+    def _advance(self, physics: tf.Tensor, action: tf.Tensor, axis: int):
+        """One Euler step of the physics (the four quantities along ``axis``: one cart,
+        or a batch of them) and whether the pole fell or the cart left the track."""
         c = self.config
-        x, x_dot, theta, theta_dot = tf.unstack(state["physics"], num=4)
+        x, x_dot, theta, theta_dot = tf.unstack(physics, num=4, axis=axis)
         force = tf.where(tf.equal(action, 1), c.force, -c.force)
         cos, sin = tf.cos(theta), tf.sin(theta)
         total_mass, pole_moment = c.cart_mass + c.pole_mass, c.pole_mass * c.half_length
@@ -131,15 +158,11 @@ class CartPole(Environment):
             c.half_length * (4.0 / 3.0 - c.pole_mass * cos * cos / total_mass)
         )
         x_acc = push - pole_moment * theta_acc * cos / total_mass
-        physics = tf.stack(
-            [x + c.tau * x_dot, x_dot + c.tau * x_acc, theta + c.tau * theta_dot,
-             theta_dot + c.tau * theta_acc]
-        )  # fmt: skip
+        moved = [x + c.tau * x_dot, x_dot + c.tau * x_acc, theta + c.tau * theta_dot,
+                 theta_dot + c.tau * theta_acc]  # fmt: skip
         angle_limit = c.angle_limit * math.pi / 180.0
-        fallen = tf.logical_or(
-            tf.abs(physics[0]) > c.position_limit, tf.abs(physics[2]) > angle_limit
-        )
-        return {"physics": physics}, tf.constant(1.0), fallen
+        fallen = tf.logical_or(tf.abs(moved[0]) > c.position_limit, tf.abs(moved[2]) > angle_limit)
+        return tf.stack(moved, axis=axis), fallen
 
 
 BUILT_IN = (Chain, CartPole)
