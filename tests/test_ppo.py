@@ -1,0 +1,262 @@
+"""The built-in ppo recipe: bit-identical to a hand-written TensorFlow PPO
+(tests/ppo_hand.py) at K=1 and K>1, separate or shared actor and critic; validation and
+evaluation leaving everything as it was; a run SIGKILLed while collecting or while
+updating resuming bit-identical; batched environments (the built-ins' vectorised ops
+equal to the generic per-copy ones, plugins' stepped by the generic ones); a short run
+learning what a random policy does not; and clear config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import attrs
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import all_weights, assert_same_weights, load_npz, start_python
+from ppo_hand import HandWrittenPpo
+
+import beatloop
+from beatloop.core.batches import DataSplit
+from beatloop.core.engine import Engine, EngineOptions
+from beatloop.environment_base import Environment
+from beatloop.plugins.callbacks import History
+
+SEED, EPOCHS = 3, 3
+WORKER = Path(__file__).parent / "workers" / "ppo_run.py"
+#: A small PPO: 4 cart-poles of 20 steps, rollouts of 16 steps, 2 x 2 minibatches of 16
+#: rows: 2 rollouts, 8 updates an epoch, the learning rate falling to 0 over 8 rollouts.
+SMALL = {
+    "envs": 4, "rollout_steps": 16, "update_epochs": 2, "minibatches": 2,
+    "rollouts_per_epoch": 2, "anneal_rollouts": 8, "hidden": 16,
+    "env_settings": ("horizon=20",),
+}  # fmt: skip
+
+
+def recipe_of(**overrides) -> beatloop.Recipe:
+    return beatloop.make_recipe("ppo", {**SMALL, **overrides})
+
+
+def engine_and_hand_loop(recipe, data=None, steps_per_execution=1):
+    """An engine of ``recipe`` (a History among its callbacks) and the hand-written loop
+    on copies of its initial weights."""
+    keras.utils.set_random_seed(SEED)  # as fit does: the same initial weights each time
+    history = History()
+    options = EngineOptions(steps_per_execution=steps_per_execution)
+    split = data or DataSplit(beatloop.loop_data().train)
+    engine = Engine(recipe, split, options=options, seed=SEED, callbacks=[history])
+    copies = recipe.networks()
+    for name, model in copies.items():
+        model.set_weights(engine.bound.models[name].get_weights())
+    hand = HandWrittenPpo(recipe.environment, recipe.config, copies, SEED)
+    return engine, hand, history
+
+
+def snapshot(engine) -> dict[str, np.ndarray]:
+    """Every model weight, recipe state variable, optimizer variable, the generator's
+    state and the counters: all a step can change."""
+    found = {f"weight/{k}": v for k, v in all_weights(engine.bound.models).items()}
+    found |= {f"state/{k}": np.array(v.numpy()) for k, v in engine.bound.state.items()}
+    for name, optimizer in engine.bound.optimizers.items():
+        found |= {f"{name}/{i}": np.array(v.numpy()) for i, v in enumerate(optimizer.variables)}
+    found["random"] = engine.bound.random.state.numpy()
+    found |= {f"counter/{k}": np.array(v) for k, v in engine.counters.position().items()}
+    return found
+
+
+@pytest.mark.parametrize(
+    "steps_per_execution, overrides",
+    [
+        (1, {}),
+        (3, {"shared_torso": True, "clip_value": False}),
+        (4, {"env": "chain", "env_settings": ("length=5", "horizon=12"), "anneal_rollouts": 0}),
+    ],
+    ids=["cartpole-K1", "shared-unclipped-K3", "chain-constant-rate-K4"],
+)
+def test_the_recipe_equals_the_hand_written_ppo_bit_for_bit(steps_per_execution, overrides):
+    recipe = recipe_of(**overrides)
+    engine, hand, history = engine_and_hand_loop(recipe, steps_per_execution=steps_per_execution)
+    engine.fit(EPOCHS)
+    hand_returns = hand.fit(EPOCHS)
+    assert int(engine.counters.step) == EPOCHS * 8
+    assert_same_weights(all_weights(engine.bound.models), all_weights(hand.networks))
+    for name, variable in engine.bound.state.items():
+        np.testing.assert_array_equal(variable.numpy(), hand.state[name].numpy(), err_msg=name)
+    np.testing.assert_array_equal(engine.bound.random.state.numpy(), hand.random.state.numpy())
+    optimizers = engine.bound.optimizers["adam"].variables, hand.optimizer.variables
+    for ours, theirs in zip(*optimizers, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    np.testing.assert_array_equal(history.history["train_return"], hand_returns)
+    state = engine.bound.state
+    assert int(state["updates"].numpy()) == EPOCHS * 8
+    order = state["order"].numpy()  # each pass a permutation of the rollout's 64 rows
+    assert (np.sort(order, axis=1) == np.arange(64)).all() and (order[0] != order[1]).any()
+    for figure in ("approx_kl", "clip_fraction", "entropy", "value_loss"):
+        assert np.isfinite(history.history[figure]).all(), figure
+    assert 0 < history.history["entropy"][-1] < math.log(2)
+    assert history.history["approx_kl"][0] > 0  # the policy moved within each rollout
+
+
+def ticks(count: int) -> tf.data.Dataset:
+    return beatloop.loop_data().train.take(count)
+
+
+def test_validation_greedy_roll_outs_and_evaluate_change_nothing():
+    recipe = recipe_of()
+    with_validation = DataSplit(beatloop.loop_data().train, validation=ticks(2))
+    validated, _, history = engine_and_hand_loop(recipe, with_validation, 4)
+    plain, _, _ = engine_and_hand_loop(recipe_of(), None, 4)
+    validated.fit(2)
+    plain.fit(2)
+    after_training = snapshot(validated)
+    assert_same_weights(after_training, snapshot(plain))  # validating changed nothing
+    assert np.isfinite(history.history["val_ppo"]).all()
+    figures = validated.evaluate(ticks(3))
+    assert np.isfinite(figures["ppo"]) and {"approx_kl", "entropy"} <= set(figures)
+    validated.validate()
+    models = validated.bound.models
+    returns = {recipe.greedy_return(models, SEED) for _ in range(2)}
+    assert len(returns) == 1  # the same start every time
+    assert_same_weights(snapshot(validated), after_training)
+
+
+@pytest.fixture(scope="module")
+def learned():
+    """A short cart-pole run at the default sizes but 12 rollouts in 3 epochs, the
+    learning rate falling to 0 over them."""
+    config = {"rollouts_per_epoch": 4, "anneal_rollouts": 12}
+    return beatloop.fit("ppo", epochs=3, seed=0, config=config, progress=False)
+
+
+def test_a_short_cartpole_run_learns_what_a_random_policy_does_not(learned):
+    train, greedy = learned.history["train_return"], learned.history["greedy_return"]
+    assert train[-1] > 100 > train[0], train  # a random policy lasts about 22 steps
+    assert greedy[-1] == 200.0, greedy
+    entropy = learned.history["entropy"]
+    assert entropy[-1] < entropy[0] < math.log(2)
+    assert set(learned.history) >= {"approx_kl", "clip_fraction", "value_loss", "val_ppo"}
+    assert learned.steps == 3 * 4 * 16
+
+
+def test_show_prints_the_act_the_clipped_update_and_the_state(capsys):
+    from beatloop.cli.cmd_show import _show_state
+
+    schedule = recipe_of().schedule().describe()
+    assert "act: act fn=Ppo.act every=1" in schedule
+    assert "ppo: loss=ppo optimizer=adam updates=policy,value" in schedule
+    assert "clip by global norm 0.5" in schedule
+    assert "updates=agent" in recipe_of(shared_torso=True).schedule().describe()
+    _show_state(recipe_of())
+    out = capsys.readouterr().out
+    assert "  observation: (16, 4, 4) float32" in out and "  env_physics: (4, 4) float32" in out
+    assert "  order: (2, 64) int32" in out
+
+
+def test_bad_settings_are_config_errors_that_say_what_to_do():
+    split = r"envs x rollout_steps \(3 x 5 = 15 rows\) must split into minibatches \(4\)"
+    with pytest.raises(beatloop.ConfigError, match=split):
+        beatloop.make_recipe("ppo", {"envs": 3, "rollout_steps": 5})
+    with pytest.raises(beatloop.ConfigError, match=r"no environment 'cartpol' \(did you mean"):
+        beatloop.make_recipe("ppo", {"env": "cartpol"})
+    with pytest.raises(beatloop.ConfigError, match="gae_lambda"):
+        beatloop.make_recipe("ppo", {"gae_lambda": 1.5})
+
+
+def test_batched_cartpole_and_chain_equal_their_copies_stepped_one_by_one():
+    random = tf.random.Generator.from_seed(1)
+    for env in (recipe_of().environment, recipe_of(env="chain").environment):
+        state = env.reset_batch(random, 5)
+        if env.name == "chain":
+            state = {"position": tf.constant([0, 3, 8, 9, 1])}
+        action = tf.constant([0, 1, 1, 0, 1])
+        fast = env.step_batch(state, action, random)
+        slow = Environment.step_batch(env, state, action, random)  # the generic default
+        for ours, theirs in zip(tf.nest.flatten(fast), tf.nest.flatten(slow), strict=True):
+            np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+        np.testing.assert_array_equal(
+            env.observe_batch(state).numpy(), Environment.observe_batch(env, state).numpy()
+        )
+    starts = recipe_of().environment.reset_batch(random, 6)["physics"].numpy()
+    assert starts.shape == (6, 4) and np.abs(starts).max() <= 0.05 and len(set(starts[:, 0])) == 6
+
+
+class Corridor(beatloop.Environment):
+    """Step right 4 times to be paid 1; the copies start on a random one of 2 cells."""
+
+    name = "corridor_test"
+
+    @attrs.frozen
+    class Config:
+        length: int = 4
+
+    observation_size = 5
+    action_count = 2
+    horizon = 10
+
+    def initial_state(self):
+        return {"cell": tf.constant(0)}
+
+    def reset(self, random):
+        return {"cell": tf.cast(random.uniform([], 0, 2, dtype=tf.int32), tf.int32)}
+
+    def observe(self, state):
+        return tf.one_hot(state["cell"], 5)
+
+    def step(self, state, action, random):
+        cell = tf.clip_by_value(state["cell"] + 2 * action - 1, 0, self.config.length)
+        arrived = tf.equal(cell, self.config.length)
+        return {"cell": cell}, tf.cast(arrived, tf.float32), arrived
+
+
+def test_a_plugin_environment_is_stepped_by_the_generic_batched_methods():
+    beatloop.register_environment(Corridor)
+    config = {**SMALL, "env": "corridor_test", "env_settings": (), "rollouts_per_epoch": 6}
+    config |= {"learning_rate": 3e-3, "anneal_rollouts": 0}
+    result = beatloop.fit("ppo", epochs=2, seed=0, config=config, progress=False)
+    assert result.history["greedy_return"][-1] == 1.0, result.history
+    assert result.history["train_return"][-1] > 0.9
+
+
+def run_worker(spec: dict) -> tuple[int, str, str]:
+    process = start_python(WORKER, json.dumps(spec))
+    out, err = process.communicate(timeout=300)
+    return process.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill",
+    [{"kill_at_move": 16 * 5 + 7}, {"kill_at": 14}],
+    ids=["while-collecting", "while-updating"],
+)
+def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(tmp_path, kill):
+    """Killed inside the 6th rollout's collection (its 8th environment step, after a
+    checkpoint at step 20, mid-epoch) or after step 14 (a checkpoint at 10: the
+    resumed run restarts in the middle of a rollout's updates)."""
+    spec = {"epochs": EPOCHS, "seed": SEED, "checkpoint_every": 10, "steps_per_execution": 2}
+    spec["config"] = {**SMALL, "env": "killable_cartpole"}
+    killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
+    code, _, err = run_worker({**spec, **kill, "run_dir": killed_dir, "out": "unused"})
+    assert code == -signal.SIGKILL, err
+    code, out, err = run_worker({**spec, "run_dir": killed_dir, "out": str(tmp_path / "r.npz")})
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["resumed_from"] is not None and summary["steps"] == EPOCHS * 8
+    code, _, err = run_worker({**spec, "run_dir": full_dir, "out": str(tmp_path / "full.npz")})
+    assert code == 0, err
+    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
+    assert history[0] == history[1]  # train_return and greedy_return included
+
+
+def test_evaluate_on_the_run_dir_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    beatloop.fit("ppo", epochs=1, seed=1, config=SMALL, run_dir=run_dir, progress=False)
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    first, second = beatloop.evaluate(run_dir), beatloop.evaluate(run_dir)
+    assert first == second and "ppo" in first and np.isfinite(first["ppo"])
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
