@@ -43,6 +43,9 @@ BOUNDS: dict[str, float] = {
     "two_tower": 5e-3,
     "two_tower_gelu": 1e-5,
     "noisy": ROUND_OFF,  # models.random drawn inside a conditional of the loss
+    # One agent: rollouts once a step, each minibatch split by rows. Weights within 6e-8;
+    # the returns (values of 10 to 20, one float32 step 1e-6 there) within one step.
+    "ppo": 2e-6,
 }
 
 

@@ -229,11 +229,11 @@ def run_worker(spec: dict) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kill",
-    [{"kill_at_move": 16 * 5 + 7}, {"kill_at": 14}],
+    "kill, epochs_before",
+    [({"kill_at_move": 16 * 5 + 7}, 2), ({"kill_at": 14}, 1)],
     ids=["while-collecting", "while-updating"],
 )
-def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(tmp_path, kill):
+def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(tmp_path, kill, epochs_before):
     """Killed inside the 6th rollout's collection (its 8th environment step, after a
     checkpoint at step 20, mid-epoch) or after step 14 (a checkpoint at 10: the
     resumed run restarts in the middle of a rollout's updates)."""
@@ -242,6 +242,8 @@ def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(tmp_path, kill):
     killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
     code, _, err = run_worker({**spec, **kill, "run_dir": killed_dir, "out": "unused"})
     assert code == -signal.SIGKILL, err
+    logged = Path(killed_dir, "history.jsonl").read_text().splitlines()
+    assert len(logged) == epochs_before  # killed in the middle of the next epoch
     code, out, err = run_worker({**spec, "run_dir": killed_dir, "out": str(tmp_path / "r.npz")})
     assert code == 0, err
     summary = json.loads(out.splitlines()[-1])

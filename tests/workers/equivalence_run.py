@@ -75,6 +75,13 @@ CASES: dict[str, dict] = {
     "two_tower_gelu": {"recipe": "two_tower", "config": {"batch_size": 33, "activation": "gelu"}},
     # A beat drawing noise from the run's generator inside a conditional.
     "noisy": {"recipe": "noisy", "steps_per_epoch": 24},
+    # One agent (5 cart-poles, rollouts of 12 steps collected once for both replicas),
+    # minibatches of 15 rows split 8 + 7, clipped global-norm gradients, falling rate.
+    "ppo": {
+        "recipe": "ppo",
+        "config": {"envs": 5, "rollout_steps": 12, "rollouts_per_epoch": 2, "anneal_rollouts": 4},
+        "epochs": 2,
+    },
 }
 
 
