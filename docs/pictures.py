@@ -120,6 +120,26 @@ PICTURES: dict[str, Picture] = {
         quick_config=META_QUICK,
         references=_meta_references,
     ),
+    # The default run (80 rollouts, the learning rate falling to 0 over them) cut into
+    # 10 epochs of 8 rollouts: the same training, bit for bit, a figure every tenth.
+    "ppo": Picture(
+        recipe="ppo",
+        figures=("train_return", "greedy_return"),
+        title="ppo on cartpole (8 copies), the default run in tenths, seed 0",
+        ylabel="return",
+        config={"rollouts_per_epoch": 8},
+        epochs=10,
+        quick_config={
+            "envs": 4,
+            "rollout_steps": 16,
+            "update_epochs": 2,
+            "minibatches": 2,
+            "rollouts_per_epoch": 2,
+            "hidden": 16,
+        },
+        quick_epochs=2,
+        references=lambda quick: {"optimal return": 200.0},
+    ),
 }
 
 

@@ -223,6 +223,8 @@ def test_a_loss_drawing_global_random_numbers_warns_naming_its_beat():
         ("contrastive", {"target": "ema"}),
         ("meta", {}),
         ("meta", {"order": "first"}),
+        ("ppo", {}),
+        ("ppo", {"shared_torso": True}),
     ],
 )
 def test_builtin_recipes_draw_from_the_runs_generator_only(name, config):

@@ -48,13 +48,13 @@ class PpoConfig:
     update_epochs: int = setting(4, "passes over each rollout (E)", _positive)
     minibatches: int = setting(4, "minibatches each pass is shuffled into (M)", _positive)
     rollouts_per_epoch: int = setting(
-        40, "rollouts an epoch collects; an epoch is rollouts x E x M steps", _positive
+        80, "rollouts an epoch collects; an epoch is rollouts x E x M steps", _positive
     )
     hidden: int = setting(64, "width of the two hidden tanh layers of actor and critic", _positive)
     shared_torso: bool = setting(False, "actor and critic share their hidden layers (one model)")
     learning_rate: float = setting(1e-3, "Adam's (first) learning rate", _positive)
     anneal_rollouts: int = setting(
-        40, "rollouts over which the learning rate falls linearly to 0 (0: it stays)",
+        80, "rollouts over which the learning rate falls linearly to 0 (0: it stays)",
         _non_negative,
     )  # fmt: skip
     gamma: float = setting(0.99, "the discount of future rewards", _fraction)
@@ -138,20 +138,18 @@ class Ppo(Recipe):
         in the PPO paper's code), or one torso with both heads (``shared_torso``)."""
         env, hidden = self.environment, self.config.hidden
 
-        def dense(units, gain, activation=None):
+        def dense(name, units, gain, activation=None):
             init = keras.initializers.Orthogonal(gain)
-            return keras.layers.Dense(units, activation, kernel_initializer=init)
-
-        def torso(x):
-            return dense(hidden, math.sqrt(2), "tanh")(dense(hidden, math.sqrt(2), "tanh")(x))
+            return keras.layers.Dense(units, activation, kernel_initializer=init, name=name)
 
         def model(name, heads):
-            x = keras.Input((env.observation_size,))
-            body = torso(x)
-            outputs = [head(body) for head in heads]
+            x = body = keras.Input((env.observation_size,))
+            for index in (1, 2):
+                body = dense(f"hidden_{index}", hidden, math.sqrt(2), "tanh")(body)
+            outputs = [dense(head, units, gain)(body) for head, units, gain in heads]
             return keras.Model(x, outputs if len(outputs) > 1 else outputs[0], name=name)
 
-        logits, value = dense(env.action_count, 0.01), dense(1, 1.0)
+        logits, value = ("logits", env.action_count, 0.01), ("value", 1, 1.0)
         if self.config.shared_torso:
             return {"agent": model("agent", [logits, value])}
         return {"policy": model("policy", [logits]), "value": model("value", [value])}
