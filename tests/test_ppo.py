@@ -215,10 +215,11 @@ class Corridor(beatloop.Environment):
 def test_a_plugin_environment_is_stepped_by_the_generic_batched_methods():
     beatloop.register_environment(Corridor)
     config = {**SMALL, "env": "corridor_test", "env_settings": (), "rollouts_per_epoch": 6}
-    config |= {"learning_rate": 3e-3, "anneal_rollouts": 0}
+    config |= {"learning_rate": 1e-2, "anneal_rollouts": 0}
     result = beatloop.fit("ppo", epochs=2, seed=0, config=config, progress=False)
     assert result.history["greedy_return"][-1] == 1.0, result.history
-    assert result.history["train_return"][-1] > 0.9
+    train = result.history["train_return"]
+    assert train[-1] > 0.9 > train[0], train  # the random walk's first episodes fail often
 
 
 def run_worker(spec: dict) -> tuple[int, str, str]:
