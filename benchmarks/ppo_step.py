@@ -4,7 +4,7 @@ beside the same PPO written by hand with ``tf.function`` and ``GradientTape``.
 
 The hand-written loop is tests/ppo_hand.py's, on the recipe's environment and config
 and the same initial weights and seed (the tests check both end bit-identical). The
-config is the default but for 10 rollouts an epoch (160 updates). beatloop runs at its
+config is the default but for 20 rollouts an epoch (320 updates). beatloop runs at its
 default steps_per_execution ("auto") and at K=32, training time only
 (``TrainingTimer``: validation and the epoch's greedy roll-out not counted); the
 hand-written loop calls its compiled step once per step, as such loops are written,
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ppo_hand import HandWrittenPpo  # the loop the tests compare
 
 MULTI_STEP, SEED, TARGET = 32, 0, 1.0
-CONFIG = {"rollouts_per_epoch": 10}
+CONFIG = {"rollouts_per_epoch": 20}
 RECIPE = beatloop.make_recipe("ppo", CONFIG)
 STEPS = RECIPE.steps_per_epoch
 

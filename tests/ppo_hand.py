@@ -51,8 +51,7 @@ class HandWrittenPpo:
             "order": tf.zeros([c.update_epochs, T * N], tf.int32),
             "epoch_episodes": tf.constant(0.0), "epoch_return": tf.constant(0.0),
         }  # fmt: skip
-        starts = env.reset_batch(tf.random.Generator.from_seed(0), N)
-        initial |= {f"env_{k}": tf.zeros_like(v) for k, v in starts.items()}
+        initial |= {f"env_{k}": tf.stack([v] * N) for k, v in env.initial_state().items()}
         self.state = {k: tf.Variable(v, trainable=False) for k, v in initial.items()}
         self.step = tf.function(self.train_step, autograph=False)
 

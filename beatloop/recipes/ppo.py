@@ -175,8 +175,8 @@ class Ppo(Recipe):
         def variable(value):
             return tf.Variable(value, trainable=False)
 
-        copies = env.reset_batch(tf.random.Generator.from_seed(0), c.envs)
-        state = {f"env_{k}": variable(tf.zeros_like(v)) for k, v in copies.items()}
+        first = env.initial_state()  # every copy's, until its first episode ends
+        state = {f"env_{k}": variable(tf.stack([v] * c.envs)) for k, v in first.items()}
         records = {key: variable(tf.zeros(shape)) for key in rollout.RECORDS}
         records["observation"] = variable(tf.zeros([*shape, env.observation_size]))
         records["action"] = variable(tf.zeros(shape, tf.int32))
