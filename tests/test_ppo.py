@@ -99,6 +99,32 @@ def test_the_recipe_equals_the_hand_written_ppo_bit_for_bit(steps_per_execution,
         assert np.isfinite(history.history[figure]).all(), figure
     assert 0 < history.history["entropy"][-1] < math.log(2)
     assert history.history["approx_kl"][0] > 0  # the policy moved within each rollout
+    rate = float(engine.bound.optimizers["adam"].learning_rate.numpy())
+    falling = recipe.config.anneal_rollouts  # 8 rollouts of 4 updates: 24 of 32 taken
+    assert rate == pytest.approx(1e-3 * (1 - 24 / 32) if falling else 1e-3, rel=1e-6)
+
+
+def test_gae_follows_its_definition():
+    """Two copies over three steps: the first ends (done) after step 2, the second
+    never; GAE from the definition, in float64, beside the recipe's."""
+    from beatloop.recipes.ppo_rollout import advantages
+
+    gamma, lam = 0.9, 0.8
+    rewards = np.array([[1.0, 0.5], [2.0, 0.0], [0.0, 1.0]])
+    values = np.array([[0.3, 0.1], [0.2, -0.4], [0.6, 0.7]])
+    dones = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    last = np.array([0.9, -0.2])
+    expected, running = np.zeros((3, 2)), np.zeros(2)
+    for t in (2, 1, 0):
+        following = last if t == 2 else values[t + 1]
+        delta = rewards[t] + gamma * (1 - dones[t]) * following - values[t]
+        running = delta + gamma * lam * (1 - dones[t]) * running
+        expected[t] = running
+    records = {"reward": rewards, "value": values, "done": dones}
+    records = {k: tf.constant(v, tf.float32) for k, v in records.items()}
+    found = advantages(records, tf.constant(last, tf.float32), gamma, lam).numpy()
+    np.testing.assert_allclose(found, expected, rtol=1e-6)
+    assert expected[1, 0] == pytest.approx(2.0 - 0.2)  # done: no bootstrap, no carry
 
 
 def ticks(count: int) -> tf.data.Dataset:
@@ -263,3 +289,31 @@ def test_evaluate_on_the_run_dir_changes_nothing(tmp_path):
     first, second = beatloop.evaluate(run_dir), beatloop.evaluate(run_dir)
     assert first == second and "ppo" in first and np.isfinite(first["ppo"])
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+
+
+def test_a_rollout_cut_by_the_horizon_bootstraps_its_last_reward():
+    """On a chain no copy can finish within the horizon (3 steps, the end 5 cells
+    away), every episode is cut, not ended: its last reward is gamma times the critic's
+    value of the cell it was cut in (here the critic is the cell's number)."""
+    from beatloop.recipes import ppo_rollout
+
+    recipe = recipe_of(env="chain", env_settings=("length=6", "horizon=3"), envs=2,
+                       rollout_steps=8, gamma=0.9, normalize_advantages=False)  # fmt: skip
+    state = recipe.build_state()
+
+    def heads(observation):  # a uniform policy; the value is the cell's number
+        cell = tf.cast(tf.argmax(observation, axis=1), tf.float32)
+        return tf.zeros([tf.shape(observation)[0], 2]), cell
+
+    random = tf.random.Generator.from_seed(4)
+    ppo_rollout.collect(recipe.environment, recipe.config, heads, state, random)
+    cells = np.argmax(state["observation"].numpy(), axis=2)
+    cut_in = np.clip(cells + 2 * state["action"].numpy() - 1, 0, 5)
+    ends = np.array([(t + 1) % 3 == 0 for t in range(8)])[:, None].repeat(2, 1)
+    np.testing.assert_array_equal(state["done"].numpy(), ends.astype(np.float32))
+    np.testing.assert_allclose(state["reward"].numpy(), np.where(ends, 0.9 * cut_in, 0.0))
+    assert state["epoch_episodes"].numpy() == 4 and state["epoch_return"].numpy() == 0
+    np.testing.assert_array_equal(state["episode_step"].numpy(), [2, 2])
+    assert (cells[[0, 3, 6]] == 0).all()  # each episode starts in the first cell
+    advantage, returns = state["advantage"].numpy(), state["returns"].numpy()
+    np.testing.assert_allclose(returns, advantage + cells, rtol=1e-6)
