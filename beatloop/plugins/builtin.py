@@ -13,11 +13,13 @@ def register_recipes() -> list[type]:
     from beatloop.recipes.gan import Gan
     from beatloop.recipes.meta import Meta
     from beatloop.recipes.multitask import Multitask
+    from beatloop.recipes.recommender import Recommender
     from beatloop.recipes.risk_weighted import RiskWeighted
     from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive, Dqn, Meta]
+    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive, Dqn, Meta,
+            Recommender]  # fmt: skip
 
 
 @hookimpl
