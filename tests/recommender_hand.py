@@ -84,7 +84,7 @@ class HandWrittenRecommender:
             rating = tf.reduce_mean(tf.square(predicted - batch[c.rating_key]))
             loss = tf.add_n([self.weights[0] * retrieval, self.weights[1] * rating])
         grads = tape.gradient(loss, self.variables)
-        self.optimizer.apply_gradients(zip(grads, self.variables))
+        self.optimizer.apply_gradients(zip(grads, self.variables, strict=True))
         rows = tf.cast(tf.shape(users)[0], tf.float32)
         self.sums[0].assign_add(retrieval * rows)
         self.sums[1].assign_add(rating * rows)

@@ -75,6 +75,19 @@ CASES: dict[str, dict] = {
     "two_tower_gelu": {"recipe": "two_tower", "config": {"batch_size": 33, "activation": "gelu"}},
     # A beat drawing noise from the run's generator inside a conditional.
     "noisy": {"recipe": "noisy", "steps_per_epoch": 24},
+    # The built-in two towers: in-batch softmax over the gathered items with log-Q,
+    # recall@K over every item, DWA's weights set from the epochs' logged losses.
+    "recommender": {
+        "recipe": "recommender",
+        "config": {
+            "batch_size": 33,
+            "users": 60,
+            "items": 40,
+            "ratings_per_user": 20,
+            "weighting": "dwa",
+        },
+        "epochs": 3,
+    },
 }
 
 
