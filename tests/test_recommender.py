@@ -129,6 +129,40 @@ def test_string_and_integer_ids_from_other_keys():
     assert result.history["rating_loss"][1] < result.history["rating_loss"][0]
 
 
+def test_a_csv_of_three_columns_trains_and_evaluates_on_its_held_out_rows(tmp_path):
+    from beatloop.sources import NamedData, load_data
+
+    rows = synthetic_ratings(2, 40, 30, 15)[0]
+    lines = ["user,item,rating"] + [
+        f"{u[1:]},{i},{int(r)}" for u, i, r in zip(*rows.values(), strict=True)
+    ]
+    (tmp_path / "ratings.csv").write_text("\n".join(lines) + "\n")
+    data = NamedData(f"csv:{tmp_path / 'ratings.csv'}",
+                     ("keys=user,item,rating", "validation_fraction=0.2"))  # fmt: skip
+    result = beatloop.fit("recommender", data=data, epochs=2, seed=0, run_dir=tmp_path / "run",
+                          config={"batch_size": 32}, progress=False)  # fmt: skip
+    split = load_data(data.source, data.settings, recipe=result.recipe, seed=0)
+    assert set(split.train.element_spec) == {"user", "item", "rating"}  # no x
+    assert result.recipe.vocabulary.users.dtype.kind == "i"
+    figures = beatloop.evaluate(tmp_path / "run")
+    assert figures["recall_at_k"] == result.history["val_recall_at_k"][-1]
+
+
+def test_a_run_rebuilt_on_other_ids_is_refused_not_silently_wrong(tmp_path):
+    rows = synthetic_ratings(1, 30, 20, 12)[0]
+
+    def ratings(prefix: str) -> tf.data.Dataset:
+        users = np.char.replace(rows["user"], "u", prefix)
+        return tf.data.Dataset.from_tensor_slices({**rows, "user": users}).batch(16)
+
+    config = {"embedding": 4, "rating_layers": (8,)}
+    beatloop.fit("recommender", data=ratings("u"), epochs=1, seed=0, config=config,
+                 run_dir=tmp_path / "run", progress=False)  # fmt: skip
+    assert set(beatloop.evaluate(tmp_path / "run", data=ratings("u"))) >= {"recall_at_k"}
+    with pytest.raises(beatloop.BeatloopError, match="vocabularies differ from those its"):
+        beatloop.evaluate(tmp_path / "run", data=ratings("v"))  # as many users, other ids
+
+
 @pytest.mark.parametrize(
     "config, message",
     [

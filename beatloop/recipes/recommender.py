@@ -168,6 +168,12 @@ class Recommender(Recipe):
         self.user_lookup = lookup_layer(vocabulary.users)(vocabulary=vocabulary.users)
         return models
 
+    def build_state(self) -> dict[str, tf.Variable]:
+        """``vocabulary``: the fingerprint of the vocabularies the run trains with, in
+        every checkpoint; each step checks it against the vocabularies read now."""
+        known = 0 if self.vocabulary is None else self.vocabulary.fingerprint()
+        return {"vocabulary": tf.Variable(tf.constant(known, tf.int64), trainable=False)}
+
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
         return {"optimizer": keras.optimizers.Adam(self.config.learning_rate)}
 
@@ -183,6 +189,12 @@ class Recommender(Recipe):
     def total(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         """Both tasks' losses weighted and summed, with what the figures need."""
         c = self.config
+        tf.debugging.assert_equal(
+            models.state["vocabulary"], tf.constant(self._vocabulary().fingerprint(), tf.int64),
+            message="the recommender's vocabularies differ from those its checkpoint was "
+            "trained with: it was rebuilt on other training data; pass data= (--data) like "
+            "the data it trained on",
+        )  # fmt: skip
         users = models["user"](ids(batch[c.user_key]))
         item_ids = ids(batch[c.item_key])
         items = models["item"](item_ids)
@@ -193,7 +205,7 @@ class Recommender(Recipe):
         rows = models.batch_offset + tf.range(tf.shape(users)[0])
         retrieval = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(rows, logits))
         predicted = models["rating"](tf.concat([users, items], axis=1))[:, 0]
-        rating = tf.reduce_mean(tf.square(predicted - tf.reshape(batch[c.rating_key], [-1])))
+        rating = tf.reduce_mean(tf.square(predicted - self._ratings(batch)))
         total = [
             loss_weights.weighted(models, c.weighting, index, name, loss)
             for index, (name, loss) in enumerate(zip(TASKS, (retrieval, rating), strict=True))
@@ -203,6 +215,10 @@ class Recommender(Recipe):
             "loss": tf.add_n(total), "retrieval": retrieval, "rating": rating,
             "predicted": predicted, "hits": hits,
         }  # fmt: skip
+
+    def _ratings(self, batch) -> tf.Tensor:
+        """The batch's ratings as float32 (a CSV's whole-number ratings are int32)."""
+        return tf.cast(tf.reshape(batch[self.config.rating_key], [-1]), tf.float32)
 
     def _index(self, item_ids: tf.Tensor) -> tf.Tensor:
         """Each item id's lookup index (0: not in the vocabulary), by a lookup of the
@@ -231,11 +247,11 @@ class Recommender(Recipe):
         return metrics
 
     def update_metrics(self, metrics, batch, outputs) -> None:
-        out, c = outputs["total"], self.config
+        out = outputs["total"]
         rows = tf.cast(tf.shape(out["hits"])[0], tf.float32)  # replicas by their rows
         for name in TASKS:
             metrics[f"{name}_loss"].update_state(out[name], sample_weight=rows)
-        metrics["rmse"].update_state(tf.reshape(batch[c.rating_key], [-1]), out["predicted"])
+        metrics["rmse"].update_state(self._ratings(batch), out["predicted"])
         metrics["recall_at_k"].update_state(out["hits"])
 
     def epoch_figures(self, run: Run) -> dict[str, float]:

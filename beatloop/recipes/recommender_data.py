@@ -13,6 +13,7 @@ order) are the validation split. User ids are strings (``"u17"``), item ids inte
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 import attrs
@@ -83,6 +84,14 @@ class Vocabulary:
     #: ``seen[u, i]``: 1 where user index ``u`` rated item ``i`` (both by lookup index
     #: less one; unknown users see nothing) in the training data.
     seen: np.ndarray
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash of both vocabularies: what a checkpoint records, so a run
+        rebuilt on other training data (other lookups) is refused, not silently wrong."""
+        digest = hashlib.sha256()
+        for ids in (self.users, self.items):
+            digest.update(repr(ids.tolist()).encode())
+        return int.from_bytes(digest.digest()[:8], "little") >> 1
 
     def log_q(self) -> np.ndarray:
         """``log`` of each item's share of the training rows, by lookup index (0: an id
