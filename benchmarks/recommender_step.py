@@ -6,8 +6,10 @@ the batch's items, the rating model's MSE, the weighted sum, one Adam update of 
 towers and the rating model; and the same figures (each task's mean loss, RMSE,
 recall@10 of every row against every item its user did not rate). The built-in
 synthetic ratings (22,565 rows) in unshuffled batches of 128, repeated 4 times: 708
-steps an epoch; the first epoch (tracing) is dropped, the fastest remaining one kept,
-the median over interleaved repeats.
+steps an epoch. beatloop runs at its default steps_per_execution ("auto") and at 32,
+the hand-written loop one step a call and 32 a call; each fit's first epoch (tracing,
+and "auto" choosing K) is dropped, the fastest remaining one kept, the median over
+interleaved repeats.
 
     python benchmarks/recommender_step.py             # full run
     python benchmarks/recommender_step.py --quick     # smoke run
@@ -23,7 +25,7 @@ import sys
 
 import keras
 import tensorflow as tf
-from common import handwritten_epochs, race_main, timed_fit
+from common import cross_race, handwritten_epochs, race_arguments, timed_fit
 
 from beatloop.recipes.recommender import Recommender
 from beatloop.recipes.recommender_data import synthetic_ratings
@@ -54,7 +56,7 @@ def make_parts(data):
     return recipe, models, recipe.build_optimizers()["optimizer"]
 
 
-def run_beatloop(data, epochs: int, steps_per_execution: int) -> list[float]:
+def run_beatloop(data, epochs: int, steps_per_execution: int | str) -> list[float]:
     recipe, models, optimizer = make_parts(data)
     parts = {"models": models, "optimizers": {"optimizer": optimizer}}
     return timed_fit(recipe, data, epochs, steps_per_execution, **parts)
@@ -101,20 +103,26 @@ def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float
     return handwritten_epochs(step, data, metrics, epochs, steps_per_call)
 
 
-LOOPS = {
-    "beatloop recommender, spe=1": lambda data, epochs: run_beatloop(data, epochs, 1),
-    f"beatloop recommender, spe={MULTI_STEP}": lambda data, epochs: run_beatloop(
-        data, epochs, MULTI_STEP
-    ),
-    "hand-written step, per batch": lambda data, epochs: run_handwritten(data, epochs, None),
-    f"hand-written, {MULTI_STEP} steps/call": lambda data, epochs: run_handwritten(
-        data, epochs, MULTI_STEP
-    ),
-}
+def loops(data) -> dict:
+    """beatloop at its default K ("auto") and at 32, the hand-written loop one step a
+    call and 32 steps a call: each ``loop(epochs) -> epoch times``."""
+    return {
+        "beatloop recommender, spe=auto": lambda epochs: run_beatloop(data, epochs, "auto"),
+        f"beatloop recommender, spe={MULTI_STEP}": lambda epochs: run_beatloop(
+            data, epochs, MULTI_STEP
+        ),
+        "hand-written step, per batch": lambda epochs: run_handwritten(data, epochs, None),
+        f"hand-written, {MULTI_STEP} steps/call": lambda epochs: run_handwritten(
+            data, epochs, MULTI_STEP
+        ),
+    }
 
 
 def main(argv=None) -> int:
-    race_main(argv, __doc__.splitlines()[0], make_data, LOOPS, "recommender", TARGET)
+    args = race_arguments(argv, __doc__.splitlines()[0])
+    data = make_data()
+    steps = int(data.cardinality())
+    cross_race(loops(data), steps, args.repeats, args.epochs, "recommender", TARGET)
     return 0
 
 
