@@ -70,6 +70,15 @@ def test_the_recipe_equals_the_hand_written_loop_bit_for_bit(k, overrides):
         assert history.history["weight_retrieval"][2] != 1.0  # set from epochs 1 and 2
 
 
+def test_uncertainty_learns_a_log_variance_per_task():
+    config = {**SMALL, "weighting": "uncertainty"}
+    result = beatloop.fit("recommender", epochs=2, seed=0, config=config, progress=False)
+    assert set(result.models["uncertainty"].log_variances) == {"retrieval", "rating"}
+    history = result.history
+    for task in ("retrieval", "rating"):  # exp(-s) logged, s moved by the beat's Adam
+        assert history[f"weight_{task}"][0] != history[f"weight_{task}"][1] != 1.0, history
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The recipe at its defaults, three epochs, in a run dir."""
