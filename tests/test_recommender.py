@@ -157,6 +157,29 @@ def test_a_csv_of_three_columns_trains_and_evaluates_on_its_held_out_rows(tmp_pa
     assert figures["recall_at_k"] == result.history["val_recall_at_k"][-1]
 
 
+def test_tfrecords_with_string_ids_under_other_feature_names(tmp_path):
+    from beatloop.sources import NamedData
+
+    rows = synthetic_ratings(2, 20, 15, 12)[0]
+    with tf.io.TFRecordWriter(str(tmp_path / "r.tfrecord")) as writer:
+        for user, item, rating in zip(*rows.values(), strict=True):
+            feature = {
+                "userId": tf.train.Feature(bytes_list=tf.train.BytesList(value=[user.encode()])),
+                "movieId": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(item)])),
+                "rating": tf.train.Feature(float_list=tf.train.FloatList(value=[rating])),
+            }
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            writer.write(example.SerializeToString())
+    settings = ("features=userId=bytes,movieId=int64,rating=float32",
+                "keys=userId:user,movieId:item")  # fmt: skip
+    data = NamedData(f"tfrecord:{tmp_path / 'r.tfrecord'}", settings)
+    result = beatloop.fit("recommender", data=data, epochs=1, seed=0,
+                          config={"batch_size": 16, "embedding": 4}, progress=False)  # fmt: skip
+    vocabulary = result.recipe.vocabulary
+    assert vocabulary.users.dtype.kind == "U" and vocabulary.items.dtype.kind == "i"
+    assert len(vocabulary.users) == 20 and np.isfinite(result.history["rmse"][0])
+
+
 def test_a_run_rebuilt_on_other_ids_is_refused_not_silently_wrong(tmp_path):
     rows = synthetic_ratings(1, 30, 20, 12)[0]
 
@@ -168,7 +191,7 @@ def test_a_run_rebuilt_on_other_ids_is_refused_not_silently_wrong(tmp_path):
     beatloop.fit("recommender", data=ratings("u"), epochs=1, seed=0, config=config,
                  run_dir=tmp_path / "run", progress=False)  # fmt: skip
     assert set(beatloop.evaluate(tmp_path / "run", data=ratings("u"))) >= {"recall_at_k"}
-    with pytest.raises(beatloop.BeatloopError, match="vocabularies differ from those its"):
+    with pytest.raises(beatloop.UserCodeError, match="vocabularies differ from those its"):
         beatloop.evaluate(tmp_path / "run", data=ratings("v"))  # as many users, other ids
 
 
