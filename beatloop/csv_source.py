@@ -73,7 +73,8 @@ class CsvLayout:
 
 class CsvSource(DataSource):
     """A CSV file with a header row of column names, streamed: batches {x} (float32, (n,
-    features)), plus y (the label column) and any columns named in keys."""
+    features)), plus y (the label column) and any columns named in keys (no x when keys
+    name every column and there is no label)."""
 
     name = "csv"
     Config = CsvConfig
@@ -133,6 +134,8 @@ class CsvSource(DataSource):
                 f"{list(header)}"
             )
         features = list(config.features) or [name for name in header if name not in named]
+        if not features and config.label is None and config.keys:
+            return []  # keys alone (user, item, rating): batches without x
         if not features:
             raise DataError(
                 f"data source {self.label!r}: no columns are left for 'x' (every column is "
@@ -175,7 +178,10 @@ class CsvSource(DataSource):
 
         def parse(lines):
             values = self._decode(lines, len(header), used)
-            batch = {"x": tf.cast(tf.stack([values[place[n]] for n in features], 1), tf.float32)}
+            batch = {}
+            if features:
+                stacked = tf.stack([values[place[n]] for n in features], 1)
+                batch["x"] = tf.cast(stacked, tf.float32)
             for key, name in keys:
                 whole = layout.whole[header.index(name)]
                 batch[key] = tf.cast(values[place[name]], tf.int32 if whole else tf.float32)

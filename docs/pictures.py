@@ -78,6 +78,22 @@ def _meta_references(quick: bool) -> dict[str, float]:
     return {"best without adapting": unadapted_floor(tasks)}
 
 
+RECOMMENDER_QUICK = {"users": 60, "items": 40, "ratings_per_user": 20, "batch_size": 32}
+
+
+def _recommender_references(quick: bool) -> dict[str, float]:
+    """The baselines on the run's data: the most rated unrated items' recall@10 and the
+    training mean rating's RMSE (``recommender_data.baselines``)."""
+    import beatloop
+    from beatloop.recipes.recommender_data import baselines, synthetic_ratings
+
+    c = beatloop.make_recipe("recommender", RECOMMENDER_QUICK if quick else {}).config
+    rows = synthetic_ratings(SEED, c.users, c.items, c.ratings_per_user)
+    found = baselines(*rows, c.top_k)
+    return {"most rated unrated items": found["popular_recall"],
+            "mean rating's RMSE": found["mean_rmse"]}  # fmt: skip
+
+
 #: Every recipe picture the docs show, by the file name it is drawn into (NAME.png).
 PICTURES: dict[str, Picture] = {
     "contrastive": Picture(
@@ -139,6 +155,15 @@ PICTURES: dict[str, Picture] = {
         },
         quick_epochs=2,
         references=lambda quick: {"optimal return": 200.0},
+    ),
+    "recommender": Picture(
+        recipe="recommender",
+        figures=("val_recall_at_k", "val_rmse"),
+        title="recommender (two towers): validation recall@10 and RMSE",
+        ylabel="recall@10 / RMSE",
+        epochs=8,
+        quick_config=RECOMMENDER_QUICK,
+        references=_recommender_references,
     ),
 }
 

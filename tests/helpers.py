@@ -34,8 +34,8 @@ Weights = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 
 #: The recipes beatloop ships, sorted: what ``beatloop list`` shows with no plugin.
 BUILT_IN_RECIPES = [
-    "contrastive", "dqn", "gan", "meta", "multitask", "ppo", "risk_weighted",
-    "style_transfer", "supervised",
+    "contrastive", "dqn", "gan", "meta", "multitask", "ppo", "recommender",
+    "risk_weighted", "style_transfer", "supervised",
 ]  # fmt: skip
 
 # --- weights -------------------------------------------------------------------------------

@@ -130,8 +130,9 @@ def _not_shown(recipe) -> tuple[list[str], dict]:
         )
     if lacking:
         return lacking, {}
-    spec = recipe.default_data(0).train.element_spec
-    models = recipe.build_models(spec)
+    train = recipe.default_data(0).train
+    recipe.read_training_data(train)
+    models = recipe.build_models(train.element_spec)
     absent = [name for name in recipe.supplied_models if name not in models]
     if absent:
         them = "them" if len(absent) > 1 else "it"

@@ -110,6 +110,7 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
     with _scope(strategy):
         random, validation_random = (tf.random.Generator.from_seed(seed) for _ in "tv")
         with dtype_policy(options.precision):
+            recipe.read_training_data(data.train)  # its vocabularies, before its models
             built_models = _models(recipe, spec, models, label)
             check_made_in_scope(strategy, built_models, models, optimizers, label)
             state = built_state(recipe, label)

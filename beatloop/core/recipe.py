@@ -53,6 +53,7 @@ class Recipe(abc.ABC):
     Optional: ``default_data(seed)`` (a ``DataSplit`` built from data that ships
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
     by name, built for batches of that spec; without it every run passes ``models=``),
+    ``read_training_data(train)`` (vocabularies and counts ``build_models`` needs),
     ``build_state()`` (variables that are not models, see ``Recipe.build_state``),
     ``steps_per_epoch`` (for data its own loop makes, see ``beatloop.loop_data``),
     ``supplied_models`` (models the user supplies, see ``SuppliedModel``),
@@ -112,6 +113,14 @@ class Recipe(abc.ABC):
         """Create this recipe's models for batches of ``batch_spec``. Optional: a recipe
         without it is run with ``models=`` holding every model its schedule names."""
         raise ConfigError(no_models_message(f"recipe {self.name!r}", self.model_names()))
+
+    def read_training_data(self, train: tf.data.Dataset) -> None:
+        """Read what ``build_models`` needs from the training data (vocabularies, counts)
+        once, just before it is called; nothing by default. A run rebuilt to resume,
+        evaluate or export calls it again on the same data, so what it reads must not
+        depend on the data's order (one more pass: a reshuffling pipeline is on its next
+        order afterwards, the same in every rebuild)."""
+        return None
 
     def build_state(self) -> dict[str, tf.Variable]:
         """The recipe's state that is not a model (a replay buffer, environment state,

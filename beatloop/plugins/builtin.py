@@ -14,11 +14,13 @@ def register_recipes() -> list[type]:
     from beatloop.recipes.meta import Meta
     from beatloop.recipes.multitask import Multitask
     from beatloop.recipes.ppo import Ppo
+    from beatloop.recipes.recommender import Recommender
     from beatloop.recipes.risk_weighted import RiskWeighted
     from beatloop.recipes.style_transfer import StyleTransfer
     from beatloop.recipes.supervised import Supervised
 
-    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive, Dqn, Meta, Ppo]
+    return [Supervised, Gan, StyleTransfer, RiskWeighted, Multitask, Contrastive, Dqn, Meta,
+            Ppo, Recommender]  # fmt: skip
 
 
 @hookimpl

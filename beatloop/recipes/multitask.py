@@ -11,18 +11,13 @@ beat per task in a ``Group`` whose forward runs the backbone (and every head) on
 backbone's task gradients combined by ``PCGrad`` (Yu et al. 2020) before one update;
 ``combine="sum"`` is the plain joint beat (the sum of the task gradients).
 
-Three weightings. ``fixed``: the configured weights. ``uncertainty``: Kendall, Gal &
-Cipolla, "Multi-Task Learning Using Uncertainty to Weigh Losses" (CVPR 2018): each task
-has a learned log-variance ``s`` and contributes ``exp(-s) * L + s``; the ``s`` are
-variables like any other, updated by the beats. ``dwa``: Dynamic Weight Average, Liu,
-Johns & Davison, "End-to-End Multi-Task Learning with Attention" (CVPR 2019): after each
-epoch ``w_i = N * softmax_i(r_i / T)`` with ``r_i = L_i(t-1) / L_i(t-2)``, weights 1 for
-the first two epochs, set at epoch end by a callback, not by an optimizer.
+Three weightings, fixed, uncertainty (Kendall et al. 2018) and dwa (Dynamic Weight
+Average, Liu et al. 2019), from ``beatloop.recipes.loss_weights`` (shared with
+``recommender``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -33,14 +28,15 @@ import tensorflow as tf
 from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Group, Schedule
-from beatloop.core.callbacks import Callback, Order
+from beatloop.core.callbacks import Callback
 from beatloop.core.config import choice, setting
 from beatloop.core.errors import ConfigError
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 from beatloop.core.run import Run
 from beatloop.core.transforms import PCGrad
-from beatloop.layers import VariableLayer
+from beatloop.recipes import loss_weights
+from beatloop.recipes.loss_weights import LogVariances, dwa_weights
 
 _positive = attrs.validators.gt(0)
 
@@ -125,9 +121,7 @@ class MultitaskConfig:
         "(PCGrad, Yu et al. 2020: one beat per task, conflicts projected away)",
     )
     weighting: Literal["fixed", "uncertainty", "dwa"] = choice(
-        "fixed",
-        ("fixed", "uncertainty", "dwa"),
-        "fixed, uncertainty (Kendall et al. 2018) or dwa (Dynamic Weight Average)",
+        "fixed", loss_weights.WEIGHTINGS, loss_weights.WEIGHTING_HELP
     )
     weights: tuple[float, ...] = setting((), "fixed weights, one per task (default: all 1)")
     dwa_temperature: float = setting(2.0, "DWA's temperature T", _positive)
@@ -146,22 +140,6 @@ class MultitaskConfig:
             raise ValueError(
                 f"weights gives {len(self.weights)} value(s) for {len(self.tasks)} tasks"
             )
-
-
-class LogVariances(keras.layers.Layer):
-    """One learned log-variance ``s`` per task (uncertainty weighting), each its own
-    variable so a task's beat can own its own."""
-
-    def __init__(self, task_names: list[str], **kwargs):
-        super().__init__(**kwargs)
-        self.log_variances = {
-            name: self.add_weight(shape=(), initializer="zeros", name=f"log_var_{name}")
-            for name in task_names
-        }
-        self.built = True
-
-    def call(self, inputs):
-        return inputs
 
 
 class Multitask(Recipe):
@@ -208,13 +186,8 @@ class Multitask(Recipe):
             models[f"head_{task.name}"] = keras.Sequential(
                 [keras.Input((hidden,)), keras.layers.Dense(task.classes)], name=f"head_{task.name}"
             )
-        initial = list(self.config.weights) or [1.0] * len(self.tasks)
-        # A non-trainable variable, so the compiled step reads weights DWA changes.
-        models["loss_weights"] = VariableLayer(
-            initial, trainable=False, variable_name="values", name="loss_weights"
-        )
-        if self.config.weighting == "uncertainty":
-            models["uncertainty"] = LogVariances([t.name for t in self.tasks], name="uncertainty")
+        names = [t.name for t in self.tasks]
+        models.update(loss_weights.weight_models(self.config.weighting, names, self.config.weights))
         return models
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
@@ -263,10 +236,7 @@ class Multitask(Recipe):
         return result
 
     def _weighted(self, models: ModelCalls, index: int, task: Task, loss: tf.Tensor) -> tf.Tensor:
-        if self.config.weighting == "uncertainty":
-            s = models.raw("uncertainty").log_variances[task.name]
-            return tf.exp(-s) * loss + s
-        return models.raw("loss_weights").variable[index] * loss
+        return loss_weights.weighted(models, self.config.weighting, index, task.name, loss)
 
     def _task_outputs(self, models: ModelCalls, task: Task, features, batch) -> dict:
         outputs = models[f"head_{task.name}"](features)
@@ -316,11 +286,8 @@ class Multitask(Recipe):
 
     def current_weights(self, models: Mapping[str, keras.Layer]) -> dict[str, float]:
         """The weight each task's loss had this epoch (``exp(-s)`` for uncertainty)."""
-        if self.config.weighting == "uncertainty":
-            log_variances = models["uncertainty"].log_variances
-            return {t.name: math.exp(-float(log_variances[t.name])) for t in self.tasks}
-        values = models["loss_weights"].variable.numpy()
-        return {t.name: float(v) for t, v in zip(self.tasks, values, strict=True)}
+        names = [t.name for t in self.tasks]
+        return loss_weights.current_weights(models, self.config.weighting, names)
 
     def epoch_figures(self, run: Run) -> dict[str, float]:
         return {f"weight_{name}": w for name, w in self.current_weights(run.models).items()}
@@ -347,32 +314,15 @@ def _weighted_output(task: Task):
     return task_loss
 
 
-def dwa_weights(previous: list[float], before: list[float], temperature: float) -> list[float]:
-    """Liu et al.'s DWA: ``N * softmax(r / T)`` with ``r_i = L_i(t-1) / L_i(t-2)``."""
-    ratios = [p / b for p, b in zip(previous, before, strict=True)]
-    exps = [math.exp(r / temperature) for r in ratios]
-    return [len(exps) * e / sum(exps) for e in exps]
-
-
-class DynamicWeightAverage(Callback):
-    """Sets the task weights for the next epoch from the last two epochs' task losses
-    (after the epoch's figures logged the weights it ran with)."""
-
-    order = Order.PRODUCER
+class DynamicWeightAverage(loss_weights.DynamicWeightAverage):
+    """DWA over the multitask recipe's tasks (its own class: checkpoints key a callback's
+    state by its class path)."""
 
     def __init__(self, recipe: Multitask):
+        super().__init__(
+            lambda: [t.name for t in recipe.tasks], lambda: recipe.config.dwa_temperature
+        )
         self.recipe = recipe
-        self.losses: list[list[float]] = []
 
-    def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
-        recipe = self.recipe
-        self.losses.append([logs[f"{t.name}_loss"] for t in recipe.tasks])
-        if len(self.losses) >= 2:
-            weights = dwa_weights(self.losses[-1], self.losses[-2], recipe.config.dwa_temperature)
-            run.models["loss_weights"].variable.assign(weights)
 
-    def checkpoint_state(self) -> dict:
-        return {"losses": self.losses}
-
-    def restore_state(self, state: dict) -> None:
-        self.losses = [list(row) for row in state["losses"]]
+__all__ = ["DynamicWeightAverage", "LogVariances", "Multitask", "dwa_weights"]

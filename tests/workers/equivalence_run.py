@@ -82,6 +82,19 @@ CASES: dict[str, dict] = {
         "config": {"envs": 5, "rollout_steps": 12, "rollouts_per_epoch": 2, "anneal_rollouts": 4},
         "epochs": 2,
     },
+    # The built-in two towers: in-batch softmax over the gathered items with log-Q,
+    # recall@K over every item, DWA's weights set from the epochs' logged losses.
+    "recommender": {
+        "recipe": "recommender",
+        "config": {
+            "batch_size": 33,
+            "users": 60,
+            "items": 40,
+            "ratings_per_user": 20,
+            "weighting": "dwa",
+        },
+        "epochs": 3,
+    },
 }
 
 
