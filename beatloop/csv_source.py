@@ -40,7 +40,8 @@ def _delimiter(instance, attribute, value) -> None:
 @attrs.frozen
 class CsvConfig(StreamConfig):
     """``label``: the column that becomes ``y`` (none by default); ``keys``: columns that
-    become batch keys of their own name (e.g. ``risk``); ``features``: the columns
+    become batch keys of their own name (e.g. ``risk``), or ``COLUMN:KEY`` items naming
+    the key (``userId:user``); ``features``: the columns
     gathered into ``x`` (by default every other column); ``delimiter``: the separator;
     ``shuffle_buffer``: how many rows the training shuffle draws from (the file is
     streamed: memory is bounded by it; a buffer at least as large as the file shuffles it
@@ -126,7 +127,9 @@ class CsvSource(DataSource):
     def _features(self, header: Sequence[str]) -> list[str]:
         """The columns gathered into ``x``; every column named must exist."""
         config = self.config
-        named = ([config.label] if config.label is not None else []) + list(config.keys)
+        named = ([config.label] if config.label is not None else []) + [
+            column for column, _ in self._key_columns()
+        ]
         absent = [name for name in [*named, *config.features] if name not in header]
         if absent:
             raise DataError(
@@ -142,6 +145,25 @@ class CsvSource(DataSource):
                 "the label or a key)"
             )
         return features
+
+    def _key_columns(self) -> list[tuple[str, str]]:
+        """``(column, batch key)`` of each ``keys`` item: ``COLUMN`` or ``COLUMN:KEY``;
+        the batch keys distinct, none of them ``x`` or the label's ``y``."""
+        pairs = [
+            tuple(item.split(":", 1)) if ":" in item else (item, item) for item in self.config.keys
+        ]
+        taken = ["x"] + (["y"] if self.config.label is not None else [])
+        for column, key in pairs:
+            renamed = column != key
+            if not column or (renamed and not key.isidentifier()) or key in taken:
+                why = f"the batch key {key!r} is taken" if key in taken else "not COLUMN:KEY"
+                raise DataError(
+                    f"data source {self.label!r}: --data-set keys expects COLUMN or "
+                    f"COLUMN:KEY items (e.g. keys=userId:user,rating), got {column}:{key} "
+                    f"({why})"
+                )
+            taken.append(key)
+        return pairs
 
     # --- the streamed pipeline -----------------------------------------------------------
 
@@ -171,7 +193,7 @@ class CsvSource(DataSource):
         keys int32 when their column is all whole numbers, else float32."""
         config, header = self.config, list(layout.header.names)
         keys = ([("y", config.label)] if config.label is not None else []) + [
-            (name, name) for name in config.keys
+            (key, column) for column, key in self._key_columns()
         ]
         used = sorted({header.index(name) for name in [*features, *(c for _, c in keys)]})
         place = {header[column]: position for position, column in enumerate(used)}

@@ -157,6 +157,39 @@ def test_a_csv_of_three_columns_trains_and_evaluates_on_its_held_out_rows(tmp_pa
     assert figures["recall_at_k"] == result.history["val_recall_at_k"][-1]
 
 
+def test_a_movielens_shaped_csv_names_its_columns_batch_keys(tmp_path):
+    from beatloop.sources import NamedData, load_data
+
+    rows = synthetic_ratings(2, 30, 20, 12)[0]
+    lines = ["userId,movieId,rating,timestamp"] + [
+        f"{u[1:]},{i},{int(r)},{964982703 + n}"
+        for n, (u, i, r) in enumerate(zip(*rows.values(), strict=True))
+    ]
+    (tmp_path / "ratings.csv").write_text("\n".join(lines) + "\n")
+    settings = ("keys=userId:user,movieId:item,rating", "validation_fraction=0.2")
+    data = NamedData(f"csv:{tmp_path / 'ratings.csv'}", settings)
+    result = beatloop.fit("recommender", data=data, epochs=1, seed=0,
+                          config={"batch_size": 16, "embedding": 4}, progress=False)  # fmt: skip
+    split = load_data(data.source, data.settings, recipe=result.recipe, seed=0)
+    assert set(split.train.element_spec) == {"x", "user", "item", "rating"}  # x: the timestamp
+    users = np.array(sorted({int(u[1:]) for u in rows["user"]}))
+    assert np.array_equal(result.recipe.vocabulary.users, users)
+    assert len(result.recipe.vocabulary.items) == len(set(rows["item"].tolist()))
+    assert np.isfinite(result.history["val_rmse"][0])
+
+
+@pytest.mark.parametrize(
+    ("item", "found"), [("userId:x", "'x' is taken"), ("userId:2nd", "not COLUMN:KEY")]
+)
+def test_a_csv_key_that_cannot_be_a_batch_key_is_a_data_error(tmp_path, item, found):
+    from beatloop.sources import load_data
+
+    (tmp_path / "r.csv").write_text("userId,movieId,rating\n1,2,3\n2,3,4\n")
+    with pytest.raises(beatloop.DataError, match=found):
+        load_data(f"csv:{tmp_path / 'r.csv'}", (f"keys={item},movieId,rating",),
+                  recipe=beatloop.make_recipe("recommender"), seed=0)  # fmt: skip
+
+
 def test_tfrecords_with_string_ids_under_other_feature_names(tmp_path):
     from beatloop.sources import NamedData
 
