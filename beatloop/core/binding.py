@@ -20,6 +20,7 @@ from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError, did_you_mean
 from beatloop.core.randomness import global_random_ops, new_operations, warn_global_random
 from beatloop.core.update_binding import bind_updates, in_step_order, written_by
+from beatloop.core.writes import write_problems
 
 __all__ = [
     "BoundBeat",
@@ -86,10 +87,11 @@ def bind(
     """Check every rule, build optimizers, and return the bound schedule.
 
     With ``batch_spec`` given, every beat's loss is traced once on a batch of that spec
-    to find claimed variables its loss gives no gradient to. ``random`` is the generator
-    losses draw noise from (a fresh one seeded with 0 if omitted). With a ``strategy``
-    the probe is traced on its replicas, where distributed variables have gradients.
-    ``forwards`` are the forward functions the schedule's groups name.
+    to find claimed variables its loss gives no gradient to, and every ``Update``'s and
+    ``Act``'s function once to find what it assigns (``beatloop.core.writes``). ``random``
+    is the generator losses draw noise from (a fresh one seeded with 0 if omitted). With
+    a ``strategy`` the probe is traced on its replicas, where distributed variables have
+    gradients. ``forwards`` are the forward functions the schedule's groups name.
     Variables of the ``supplied`` models (the recipe's ``supplied_models``) that no beat
     updates count as frozen without being declared so. ``state`` is the recipe's state
     (``Recipe.build_state``), which losses reach as ``models.state``. ``build=False``
@@ -118,6 +120,7 @@ def bind(
             problems += build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
         problems += _gradient_problems(groups, models, batch_spec, random, strategy, context, state)
+        problems += write_problems(updates, models, batch_spec, random, state, strategy)
     if problems:
         raise ScheduleError(problems, context)
     beats = tuple(beat for group in groups for beat in group.beats)
