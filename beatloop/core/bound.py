@@ -235,12 +235,19 @@ class BoundUpdate:
 
 def run_update(entry, calls: ModelCalls) -> None:
     """An ``Update``'s function on the models (named so its errors say "update")."""
-    call_user(entry.fn, "update", entry.name, calls)
+    call_user(entry.fn, _kind("update", entry), None, calls)
 
 
 def run_act(entry: Act, calls: ModelCalls, batch) -> None:
     """An ``Act``'s function on the models and the batch (its errors say "act")."""
-    call_user(entry.fn, "act", entry.name, calls, batch)
+    call_user(entry.fn, _kind("act", entry), None, calls, batch)
+
+
+def _kind(kind: str, entry) -> str:
+    """What errors call the entry's function: ``act`` (``act 'fn'``), or with the
+    entry's name when it is not the function's (``act 'collect', function 'fn'``)."""
+    name = getattr(entry.fn, "__name__", None)
+    return kind if entry.name == name else f"{kind} {entry.name!r}, function"
 
 
 @attrs.frozen

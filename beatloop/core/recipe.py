@@ -122,11 +122,12 @@ class Recipe(abc.ABC):
         order afterwards, the same in every rebuild)."""
         return None
 
-    def build_state(self) -> dict[str, tf.Variable]:
+    def build_state(self) -> dict[str, tf.Variable] | None:
         """The recipe's state that is not a model (a replay buffer, environment state,
         running statistics): non-trainable variables by name, built once in the
         strategy's scope after the models, reached as ``models.state[name]`` in losses,
-        forwards, updates and acts, and written in every checkpoint. None by default."""
+        forwards, updates and acts, and written in every checkpoint. By default none:
+        ``{}`` (returning ``None`` means the same)."""
         return {}
 
     def model_names(self) -> tuple[str, ...]:

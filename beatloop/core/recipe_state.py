@@ -15,12 +15,15 @@ _VARIABLES = (tf.Variable, keras.Variable)
 
 def built_state(recipe, label: str) -> dict[str, tf.Variable]:
     """The recipe's state from its ``build_state()`` (called once, in the caller's
-    strategy scope), each entry checked: a name and a non-trainable variable."""
+    strategy scope), each entry checked: a name and a non-trainable variable. ``None``
+    means none, as ``{}`` does."""
     state = recipe.build_state()
+    if state is None:
+        return {}
     if not isinstance(state, Mapping):
         raise ConfigError(
-            f"{label}'s build_state() must return a dict of name -> tf.Variable, "
-            f"got {type(state).__name__}"
+            f"{label}'s build_state() must return a dict of name -> tf.Variable (or None "
+            f"for no state), got {type(state).__name__}"
         )
     for name, variable in state.items():
         _check_entry(label, name, variable)

@@ -49,9 +49,17 @@ class FitResult:
 
     @property
     def schedule(self):
-        """The schedule the run ended with (for a recipe in phases: its last phase's;
-        ``result.recipe.schedule()`` gives every phase)."""
-        return self.bound.schedule
+        """The schedule the run trained with: a ``Schedule``, or for a recipe in phases
+        its ``Phases``, every phase (``describe()`` prints each phase's name, epochs and
+        entries; ``result.bound.schedule`` is the phase the run ended in)."""
+        phased = getattr(getattr(self.engine, "parts", None), "phased", None)
+        return self.bound.schedule if phased is None else phased.phases
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The recipe state (``Recipe.build_state``) at the end of the run: each state
+        variable's value as a NumPy array, by name (``{}`` for a recipe without any)."""
+        return {name: variable.numpy() for name, variable in self.bound.state.items()}
 
     def evaluate(self, data=None, *, steps_per_execution: int | None = None) -> dict[str, float]:
         """The recipe's validation figures for the models as they are now: every beat's

@@ -15,7 +15,7 @@ from beatloop.core.workers import Worker
 @attrs.define(eq=False)
 class Run:
     """The run in progress, as callbacks see it: the recipe (a ``beatloop.Recipe``),
-    its bound schedule and models, the counters, and where it writes.
+    its bound schedule and models, the counters, the recipe state, and where it writes.
 
     Set ``stop_training`` to end the run after the current epoch; record files the run
     writes for people (a sample grid, an image) in ``artifacts`` by name, so the CLI and
@@ -62,8 +62,17 @@ class Run:
 
     @property
     def state(self) -> Counters:
-        """The counters, under the name earlier versions gave them."""
+        """The step counters (``counters``: step, epoch, examples), under the name earlier
+        versions gave them; not the recipe state, which is ``recipe_state``."""
         return self.counters
+
+    @property
+    def recipe_state(self) -> dict[str, Any]:
+        """The recipe state (``Recipe.build_state``) as it is now: each state variable's
+        value as a NumPy array, by name (``{}`` for a recipe without any). Read it
+        between compiled calls, as every event is; it is a copy, so writing to it
+        changes nothing in the run."""
+        return {name: variable.numpy() for name, variable in self.bound.state.items()}
 
     @property
     def step(self) -> int:

@@ -10,6 +10,7 @@ Binding them to variables is ``beatloop.core.update_binding``'s job.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 
@@ -44,6 +45,31 @@ def _callable(instance, attribute, value) -> None:
         _refuse(instance, attribute, "a function", value)
 
 
+def _takes(*params: str):
+    """A validator: the function can be called with ``params`` (positionally), checked
+    when the entry is made rather than when the step is traced."""
+    wanted = f"fn({', '.join(params)})"
+
+    def check(instance, attribute, value) -> None:
+        _callable(instance, attribute, value)
+        try:
+            signature = inspect.signature(value)
+        except (TypeError, ValueError):  # some C functions: nothing to read
+            return
+        try:
+            signature.bind(*params)
+        except TypeError:
+            raise ScheduleError(
+                [
+                    f"{type(instance).__name__}(fn=...) must be a function {wanted}, got "
+                    f"{qualname(value)}, whose signature {signature} cannot take "
+                    f"{len(params)} positional argument{'s' if len(params) > 1 else ''}"
+                ]
+            ) from None
+
+    return check
+
+
 def _positive(instance, attribute, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         _refuse(instance, attribute, "a whole number of steps, 1 or more", value)
@@ -70,10 +96,12 @@ def _name_of(entry, fn_or_model) -> str:
     if name is None:
         name = getattr(fn_or_model, "__name__", fn_or_model)
     if not isinstance(name, str) or not _NAME.match(name):
+        why = " (a lambda has no name of its own)" if name == "<lambda>" else ""
         raise ScheduleError(
             [
                 f"{type(entry).__name__} needs a Python-style name (letters, digits, "
-                f"underscores), got {name!r}: give it `name=`"
+                f"underscores), got {name!r}{why}: give it `name=`, e.g. "
+                f"{type(entry).__name__}(fn, name='collect')"
             ]
         )
     return name
@@ -91,10 +119,13 @@ class Update:
     model in inference mode (``models.raw(name)`` for its variables, ``models.state``,
     ``models.random``), returning nothing. ``writes`` selects the model variables it
     assigns (``Beat.updates``'s syntax): binding gives them to this update, so no beat
-    may update them (unless declared shared) and they need not be declared frozen.
-    ``every`` runs it only on steps whose number is a multiple of ``every``."""
+    may update them (unless declared shared) and they need not be declared frozen; a
+    model variable ``fn`` assigns outside ``writes`` is refused at bind (its function is
+    traced once). ``name`` defaults to the function's name: a lambda needs ``name=``.
+    ``every`` runs it on the steps whose number (counted from 0 over the whole run,
+    across epochs and resumes) is a multiple of ``every``: 0, N, 2N, ..."""
 
-    fn: Callable = attrs.field(validator=_callable)
+    fn: Callable = attrs.field(validator=_takes("models"))
     name: str = attrs.field(default=None)
     every: int = attrs.field(default=1, validator=_positive)
     writes: tuple[str, ...] = attrs.field(
@@ -165,9 +196,12 @@ class Act:
     stepped, a replay buffer filled); returns nothing. Validation, evaluation and
     binding never run it. Under a distribution strategy it runs once per step for all
     replicas (one agent), in cross-replica context, on the global batch, and the recipe
-    state it writes is then mirrored to every replica (``replicas.once_per_step``)."""
+    state it writes is then mirrored to every replica (``replicas.once_per_step``).
+    Assigning a model variable is refused at bind (its function is traced once): use an
+    ``Update`` with ``writes=``. ``name`` defaults to the function's name (a lambda needs
+    ``name=``); ``every`` selects steps as ``Update``'s does (0, N, 2N, ...)."""
 
-    fn: Callable = attrs.field(validator=_callable)
+    fn: Callable = attrs.field(validator=_takes("models", "batch"))
     name: str = attrs.field(default=None)
     every: int = attrs.field(default=1, validator=_positive)
 
