@@ -98,7 +98,8 @@ class Beat:
     path matches the glob ``pattern`` (e.g. ``"backbone:dense_1/*"``). ``training`` names
     the models that run in training mode during the beat; ``None`` means the models the
     beat updates. ``repeat`` runs the beat several times per step on the same batch;
-    ``every`` runs it only on steps whose number is a multiple of ``every``.
+    ``every`` runs it only on steps whose number is a multiple of ``every``: steps 0, N,
+    2N, ..., counted from 0 over the whole run (across epochs and resumes).
     ``transform`` changes the gradients before the update: any callable
     ``fn(gradients, variables) -> gradients`` (lists aligned with the beat's variables;
     true gradients under loss scaling), e.g. ``ClipByNorm(1.0)``; ``constraint`` maps
@@ -191,7 +192,8 @@ class Group:
     ``(models, batch)`` and returns the outputs (a dict) that each beat's loss then takes
     as ``(outputs, batch)``. ``training``, ``repeat`` and ``every`` work as on a
     ``Beat``, for the whole group: ``training=None`` runs the models any of its
-    beats update in training mode; ``repeat`` runs forward, gradients and updates again.
+    beats update in training mode; ``repeat`` runs forward, gradients and updates again;
+    ``every=N`` runs the group on steps 0, N, 2N, ... of the run.
 
     ``combine``, a callable ``fn(gradients, variables) -> gradients`` (e.g. ``PCGrad()``),
     turns the beats' gradients of the variables two or more of them update into one
