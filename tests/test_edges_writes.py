@@ -4,13 +4,15 @@ callbacks and the result, and which steps ``every=N`` runs."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights
+from helpers import all_weights, assert_same_weights, run_python
 from updates_recipe import Byol, build_byol_models, byol_data
 
 import beatloop
@@ -185,3 +187,15 @@ def test_every_n_runs_steps_0_n_2n_counted_over_the_run_across_epochs_and_resume
     assert more.state["marks"].tolist() == [0, 3, 6, 9, -1, -1, -1, -1]
     whole = beatloop.fit(Marks("ema"), epochs=3, **{**options, "run_dir": tmp_path / "w"})
     assert whole.state["marks"].tolist() == more.state["marks"].tolist()
+
+
+@pytest.mark.slow
+def test_writes_are_checked_under_a_mirrored_strategy(tmp_path):
+    out = tmp_path / "writes.json"
+    run_python(Path(__file__).parent / "workers" / "writes_run.py", str(out))
+    report = json.loads(out.read_text())
+    assert report["counted"] == 4  # an act writing recipe state: one agent, 4 steps
+    (halving,) = report["halving_writes_test"]
+    assert re.match(r"update 'halve' assigns variable 'target/dense_\d+/kernel' of model", halving)
+    (poking,) = report["poking_writes_test"]
+    assert re.match(r"act 'poke' assigns variable 'online/dense_\d+/bias' of model", poking)

@@ -22,8 +22,8 @@ def built_state(recipe, label: str) -> dict[str, tf.Variable]:
         return {}
     if not isinstance(state, Mapping):
         raise ConfigError(
-            f"{label}'s build_state() must return a dict of name -> tf.Variable (or None "
-            f"for no state), got {type(state).__name__}"
+            f"{label}'s build_state() must return a dict of name -> tf.Variable, got "
+            f"{type(state).__name__}; for a recipe without state return {{}} or None"
         )
     for name, variable in state.items():
         _check_entry(label, name, variable)
