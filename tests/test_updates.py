@@ -77,7 +77,7 @@ def test_debug_mode_and_mixed_precision_run_updates():
 
 
 def test_a_schedule_describes_its_updates_and_acts_in_order():
-    def nudge(models):
+    def nudge(models, batch=None):  # an update's fn(models) and an act's fn(models, batch)
         pass
 
     schedule = Schedule(
