@@ -206,8 +206,9 @@ def _build_engine(
     named = data
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
-    resumed = run_path is not None and read_dir is None and latest_record(run_path) is not None
-    source = data_facts(run_path, named, recipe, resumed, accept_changed_data)
+    recorded_in = read_dir or run_path  # every worker compares with the chief's record
+    resumed = recorded_in is not None and latest_record(recorded_in) is not None
+    facts = data_facts(recorded_in, named, recipe, resumed, accept_changed_data)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
     history = History()
     steps = options.steps_per_execution
@@ -216,7 +217,7 @@ def _build_engine(
         callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)],
         read_dir=read_dir, **parts,
     )  # fmt: skip
-    return engine, history, source
+    return engine, history, facts
 
 
 def _as_in_run_dir(result: FitResult, scratch: Path, run_path: Path) -> FitResult:
@@ -236,7 +237,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
     step puts the run dir back as it was."""
     engine = start = None
     try:
-        engine, history, source = build(run_path)
+        engine, history, facts = build(run_path)
         engine.resume()
         if not engine.recovery.trains_more(epochs):
             warnings.warn(
@@ -250,7 +251,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
         create_run_dir(run_path)  # the run starts: only now is anything written
         remove_leftovers(run_path)
         remove_checkpoint_leftovers(run_path / "checkpoints")
-        _write_run_json(run_path, engine, epochs, source)
+        _write_run_json(run_path, engine, epochs, facts)
         start = engine.run.step
         engine.fit(epochs)
     except BaseException as error:
