@@ -61,10 +61,8 @@ def source_identity(
         name = Path(os.path.relpath(file, root)).as_posix()
         status = os.stat(file)
         before = known.get(name, {})
-        same = FINGERPRINT in before and (before.get("size"), before.get("mtime_ns")) == (
-            status.st_size,
-            status.st_mtime_ns,
-        )
+        facts = (status.st_size, status.st_mtime_ns)
+        same = FINGERPRINT in before and (before.get("size"), before.get("mtime_ns")) == facts
         entries.append(
             {
                 "path": name,
@@ -73,7 +71,7 @@ def source_identity(
                 FINGERPRINT: before[FINGERPRINT] if same else fingerprint(file),
             }
         )
-    return {"source": label, "role": role, "root": str(root.resolve()), "files": entries}
+    return {"source": label, "role": role, "root": os.path.abspath(root), "files": entries}
 
 
 def _root(path: str, files: Sequence[Path]) -> Path:
@@ -83,7 +81,7 @@ def _root(path: str, files: Sequence[Path]) -> Path:
         return Path(path)
     if not files:
         return Path(path).parent
-    return Path(os.path.commonpath([Path(file).resolve().parent for file in files]))
+    return Path(os.path.commonpath([os.path.dirname(os.path.abspath(file)) for file in files]))
 
 
 def by_role(identity: Sequence[dict]) -> dict[str, dict]:
