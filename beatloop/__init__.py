@@ -93,6 +93,7 @@ _EXPORTS = {
     "RunawayLossWarning": "beatloop.core.errors",
     "IgnoredSettingWarning": "beatloop.core.errors",
     "InferredSettingWarning": "beatloop.source_base",
+    "DataChangedWarning": "beatloop.data_identity",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -160,6 +161,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.transforms import PCGrad
     from beatloop.core.updates import EMA, Act, Copy, Update
     from beatloop.core.workers import WorkerLostError
+    from beatloop.data_identity import DataChangedWarning
     from beatloop.environment_base import Environment
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (

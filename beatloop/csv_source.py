@@ -95,6 +95,10 @@ class CsvSource(DataSource):
         )
         return DataSplit(_sharded_by_data(split.train), _sharded_by_data(split.validation))
 
+    def files(self) -> list[Path]:
+        """The CSV file."""
+        return [Path(self.path)] if Path(self.path).is_file() else []
+
     def hint(self, missing: Sequence[str]) -> str:
         if "y" in missing:
             return "; name the label column: --data-set label=COLUMN"

@@ -27,6 +27,7 @@ from beatloop.core.callbacks import Callback, Order
 from beatloop.core.checkpoints import latest_record
 from beatloop.core.checkpoints import remove_leftovers as remove_checkpoint_leftovers
 from beatloop.core.config import make_config
+from beatloop.core.data_origin import LOOP_DATA_ADVICE, is_loop_data
 from beatloop.core.engine import Engine
 from beatloop.core.errors import CheckpointError, ConfigError, DataError, RunInterrupted
 from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
@@ -41,8 +42,13 @@ from beatloop.core.workers import worker_of, write_dir
 from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
-from beatloop.run_data import recorded_source, recorded_validation, spec_differences
-from beatloop.sources import NamedData
+from beatloop.run_data import (
+    data_facts,
+    recorded_source,
+    recorded_validation,
+    spec_differences,
+    warn_if_changed,
+)
 
 
 def make_recipe(
@@ -82,6 +88,7 @@ def fit(
     jit_compile: bool = False,
     precision: str = "float32",
     strategy: tf.distribute.Strategy | None = None,
+    accept_changed_data: bool = False,
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
@@ -125,7 +132,11 @@ def fit(
     a worker lost raises ``WorkerLostError`` on the others (docs/speed.md). SIGTERM, like
     Ctrl-C, saves a checkpoint at the next call boundary and raises ``RunInterrupted``
     (``exit_code`` 143; 130 for Ctrl-C). The seed is taken from the checkpoint when
-    omitted; a different recipe, config or seed is refused.
+    omitted; a different recipe, config or seed is refused. Data given as a source
+    (``beatloop.sources.NamedData``: what ``beatloop run --data`` passes) has its files'
+    size, modification time and fingerprint recorded in ``run.json`` (``data_files``); a
+    resume on files that changed since is refused (a ``DataError`` naming them) unless
+    ``accept_changed_data=True``, which ``run.json`` records (``data_changes``).
     ``on_nan="rollback"`` answers a non-finite loss or
     gradient norm by restoring the last checkpoint and going on after the offending
     batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
@@ -167,7 +178,7 @@ def fit(
     build = functools.partial(
         _build_engine, recipe, data, seed, models=models, optimizers=optimizers,
         options=options, callbacks=callbacks, progress=progress, label=label,
-        strategy=strategy,
+        strategy=strategy, accept_changed_data=accept_changed_data,
     )  # fmt: skip
     if run_path is None:
         engine, history, _ = build(None)
@@ -184,15 +195,20 @@ def fit(
 
 
 def _build_engine(
-    recipe, data, seed, run_path, *, options, callbacks, progress, read_dir=None, **parts
-):
-    """The run's engine (seed set, data made) with its ``History``, and the data source
-    named on the command line (``None`` without one); ``read_dir``: the run dir it
+    recipe, data, seed, run_path, *, options, callbacks, progress, read_dir=None,
+    accept_changed_data=False, **parts,
+):  # fmt: skip
+    """The run's engine (seed set, data made) with its ``History``, and what ``run.json``
+    records of data named as a source (``{}`` for other data; on a resume its files
+    compared with the record, ``run_data.data_facts``); ``read_dir``: the run dir it
     resumes from when it writes another (a multi-worker run's other workers)."""
     seed = _seed_everything(seed, read_dir or run_path)
-    source = data.to_json() if isinstance(data, NamedData) else None
+    named = data
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
+    recorded_in = read_dir or run_path  # every worker compares with the chief's record
+    resumed = recorded_in is not None and latest_record(recorded_in) is not None
+    facts = data_facts(recorded_in, named, recipe, resumed, accept_changed_data)
     split = as_data_split(recipe.default_data(seed) if data is None else data)
     history = History()
     steps = options.steps_per_execution
@@ -201,7 +217,7 @@ def _build_engine(
         callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)],
         read_dir=read_dir, **parts,
     )  # fmt: skip
-    return engine, history, source
+    return engine, history, facts
 
 
 def _as_in_run_dir(result: FitResult, scratch: Path, run_path: Path) -> FitResult:
@@ -221,7 +237,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
     step puts the run dir back as it was."""
     engine = start = None
     try:
-        engine, history, source = build(run_path)
+        engine, history, facts = build(run_path)
         engine.resume()
         if not engine.recovery.trains_more(epochs):
             warnings.warn(
@@ -235,7 +251,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
         create_run_dir(run_path)  # the run starts: only now is anything written
         remove_leftovers(run_path)
         remove_checkpoint_leftovers(run_path / "checkpoints")
-        _write_run_json(run_path, engine, epochs, source)
+        _write_run_json(run_path, engine, epochs, facts)
         start = engine.run.step
         engine.fit(epochs)
     except BaseException as error:
@@ -328,7 +344,9 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
     built_in = defines(recipe, "default_data")
     source = recorded_source(run_path) if data is None else None
     if source is not None:  # trained on --data: evaluated on its validation data
-        return recorded_validation(run_path, source, recipe, stored)
+        split = recorded_validation(run_path, source, recipe, stored)
+        warn_if_changed(run_path, source, recipe)
+        return split
     if data is None:
         if not built_in:
             raise DataError(
@@ -337,8 +355,9 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
             )
         split = _built_in_split(run_path, recipe, stored)
         if split.validation is None:
+            advice = LOOP_DATA_ADVICE if is_loop_data(split.train) else "pass data="
             raise DataError(
-                f"recipe {recipe.name!r}'s built-in data has no validation split: pass data="
+                f"recipe {recipe.name!r}'s built-in data has no validation split: {advice}"
             )
         return split
     evaluation = as_evaluation_data(data)
@@ -445,12 +464,12 @@ class ChosenStepsRecorder(Callback):
             self._written = chosen
 
 
-def _write_run_json(run_dir: Path, engine: Engine, epochs: int, source=None) -> None:
+def _write_run_json(run_dir: Path, engine: Engine, epochs: int, facts=None) -> None:
     """``run.json``: the run record, and how this run was asked to go (with the data
-    source named on the command line, if one was); ``epochs_asked``: the epochs each
-    start of the run asked for, in order (a resume, or a finished run continued, adds
-    one)."""
-    facts = {} if source is None else {"data_source": source}
+    source named on the command line and its files' identity, if one was: ``facts``);
+    ``epochs_asked``: the epochs each start of the run asked for, in order (a resume, or
+    a finished run continued, adds one)."""
+    facts = facts or {}
     earlier = read_run_json(run_dir / "run.json") if engine.run.resumed_from else {}
     asked = earlier.get("epochs_asked") or ([earlier["epochs"]] if "epochs" in earlier else [])
     write_run_json(

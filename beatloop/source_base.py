@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -82,6 +83,12 @@ class DataSource(abc.ABC):
     def load(self, seed: int, batch_size: int) -> DataSplit:
         """The data as batched dict pipelines: training, and validation (or ``None``).
         ``seed`` is the run's: splits and shuffles drawn from it are reproducible."""
+
+    def files(self) -> list[Path] | None:
+        """The files this source reads, for ``run.json``'s record of the data's identity
+        (``data_files``: a resume on changed files is refused); ``None`` (the default):
+        it does not say, and nothing is recorded."""
+        return None
 
     def hint(self, missing: Sequence[str]) -> str:
         """What to do when the recipe needs the batch keys ``missing``; '' if nothing."""

@@ -151,6 +151,11 @@ class FolderSource(DataSource):
             "be a PNG, JPEG, BMP or GIF image: replace or remove it"
         )
 
+    def files(self) -> list[Path]:
+        """Every file in the folder, in its subfolders too."""
+        folder = Path(self.path)
+        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
     def hint(self, missing: Sequence[str]) -> str:
         if "y" in missing:
             return "; a folder gives 'y' when its images are in one subfolder per class"
@@ -216,6 +221,10 @@ class NpzSource(DataSource):
             for name, value in arrays.items()
         }
         return split_arrays(arrays, self.config, seed, batch_size, self.label)
+
+    def files(self) -> list[Path]:
+        """The .npz file."""
+        return [Path(self.path)] if Path(self.path).is_file() else []
 
 
 def __getattr__(name: str) -> Any:

@@ -25,6 +25,7 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, DataError
 from beatloop.csv_source import CsvSource
+from beatloop.data_identity import by_role, source_identity
 from beatloop.ignored_settings import changed_settings, warn
 from beatloop.source_base import DataSource, SourceConfig
 from beatloop.source_kinds import FolderSource, NpzSource, split_arrays
@@ -227,6 +228,24 @@ class NamedData:
         return load_data(
             self.source, self.settings, recipe=recipe, seed=seed, validation=self.validation
         )
+
+    def identity(self, recipe: Any, recorded: Any = ()) -> list[dict[str, Any]] | None:
+        """The files this data comes from, as ``run.json`` records them (``data_files``:
+        each source's files with their size, modification time and fingerprint; a file
+        as ``recorded`` left unread); ``None`` when a source does not say its files."""
+        recorded_roles = by_role(recorded)
+        identity = []
+        for role, text in (("training", self.source), ("validation", self.validation)):
+            if text is None:
+                continue
+            source = make_source(text, self.settings, recipe)
+            entry = source_identity(
+                source.label, role, source.path, source.files(), recorded_roles.get(role)
+            )
+            if entry is None:
+                return None
+            identity.append(entry)
+        return identity
 
     def to_json(self) -> dict[str, Any]:
         """The ``run`` command's options that name this data, as ``run.json`` keeps them."""

@@ -19,7 +19,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 import attrs
@@ -144,6 +146,17 @@ class TfrecordSource(DataSource):
 
     # --- files ----------------------------------------------------------------------
 
+    def files(self) -> list[Path]:
+        """Every file the glob matches, and those a ``validation_files`` glob does."""
+        patterns = [self.path]
+        held = self.config.validation_files.strip()
+        try:
+            float(held or "0")
+        except ValueError:
+            patterns.append(held)
+        found = {p for pattern in patterns for p in glob.glob(pattern, recursive=True)}
+        return sorted(Path(p) for p in found if os.path.isfile(p))
+
     def _files(self, pattern: str, what: str) -> list[str]:
         paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         if not paths:
@@ -201,14 +214,32 @@ class TfrecordSource(DataSource):
             try:
                 count, first = _count(path, self.config.compression)
             except tf.errors.OpError as error:
-                raise DataError(
-                    f"data source {self.label!r}: the file {path!r} is not a readable "
-                    f"TFRecord file{self._compression_words()}: {_op_reason(error)}; replace or "
-                    "remove it (a compressed file needs --data-set compression=GZIP)"
-                ) from None
+                raise self._unreadable(path, error) from None
             shards.append(Shard(path, count, offset, first))
             offset += count
         return shards
+
+    def _unreadable(self, path: str, error) -> DataError:
+        """The ``DataError`` for a file TensorFlow's reader stopped in: truncated (its last
+        record cut short) or corrupt (a record failing its checksum) at a byte offset
+        when TensorFlow says so, else not a TFRecord file at all, in TensorFlow's words."""
+        damage = re.search(r"\b(truncated|corrupted) record at (\d+)", str(error))
+        start = f"data source {self.label!r}: the file {path!r}"
+        if damage and damage[1] == "truncated":
+            return DataError(
+                f"{start} is truncated: its record at byte {damage[2]} is cut short (the file "
+                "was not written to its end); write the file again, or remove it"
+            )
+        if damage and damage[2] != "0":
+            return DataError(
+                f"{start} is corrupt at byte {damage[2]} (a record there fails its checksum); "
+                "write the file again, or remove it"
+            )
+        return DataError(
+            f"{start} is not a readable TFRecord file{self._compression_words()}: "
+            f"{_op_reason(error)}; replace or remove it (a compressed file needs --data-set "
+            "compression=GZIP)"
+        )
 
     def _compression_words(self) -> str:
         compression = self.config.compression

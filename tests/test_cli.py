@@ -215,7 +215,9 @@ def raised_messages() -> list[tuple[str, str]]:
 
 
 #: Advice in Python's words: ``pass NAME=`` with a keyword of fit, restore or evaluate.
-PYTHON_ADVICE = re.compile(r"\bpass (data|models|run_dir|config|steps_per_\w+|seed|epochs)=")
+PYTHON_ADVICE = re.compile(
+    r"\bpass (data|models|run_dir|config|steps_per_\w+|seed|epochs|accept_changed_data)="
+)
 
 
 def test_no_error_reaches_the_command_line_with_only_pythons_spelling():

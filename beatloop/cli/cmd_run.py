@@ -94,6 +94,12 @@ def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
         "(default: off)",
     )
     run.add_argument(
+        "--accept-changed-data",
+        action="store_true",
+        help="resume even though the --data files changed since run.json recorded them "
+        "(run.json records the change; default: such a resume is refused)",
+    )
+    run.add_argument(
         "--divergence-window",
         type=int,
         default=100,
@@ -176,6 +182,7 @@ def run(args) -> int:
         on_nan=args.on_nan, max_rollbacks=args.max_rollbacks, divergence=args.divergence,
         divergence_window=args.divergence_window, jit_compile=args.jit_compile,
         precision=args.precision, strategy=chosen, data=data_option(args),
+        accept_changed_data=args.accept_changed_data,
     )  # fmt: skip
     _print_result(args, cls.name, result, run_dir)
     return 0

@@ -25,6 +25,10 @@ CLI_SPELLINGS = (
         r"pass --steps-per-execution \1 (steps_per_execution=\1 in Python)",
     ),
     (
+        re.compile(r"\bpass accept_changed_data=True\b"),
+        "pass --accept-changed-data (accept_changed_data=True in Python)",
+    ),
+    (
         re.compile(r"\bpass steps_per_epoch=N\b"),
         "end it, or pass steps_per_epoch=N to beatloop.fit in Python (the command line "
         "reads data sources to their end)",

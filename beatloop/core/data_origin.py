@@ -23,11 +23,23 @@ TICK = "tick"
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
 
 
+#: What to evaluate a run on whose data are ``loop_data()`` without validation ticks.
+LOOP_DATA_ADVICE = (
+    "its data are the recipe's own loop's ticks (beatloop.loop_data()), which hold no "
+    "validation data: pass data= with a finite run of ticks, e.g. "
+    "beatloop.loop_data().train.take(10)"
+)
+
+
 def loop_data() -> DataSplit:
     """Training data for a recipe whose data its own loop makes (an agent acting in an
     environment, filling a buffer in recipe state): an endless data set of one-example
     batches ``{"tick": [0]}`` that only drives the steps. A recipe returns it from
-    ``default_data`` and sets ``steps_per_epoch`` (or a run passes it)."""
+    ``default_data`` and sets ``steps_per_epoch`` (or a run passes it). It holds no
+    validation data: a recipe that evaluates returns
+    ``DataSplit(ticks, validation=ticks.take(N))``, as ``dqn`` and ``ppo`` do; otherwise
+    ``evaluate()`` needs ``data=``, a finite run of ticks
+    (``beatloop.loop_data().train.take(N)``), and its error says so."""
     tick = tf.data.Dataset.from_tensors({TICK: tf.zeros([1], tf.int64)})
     return DataSplit(tick.repeat())
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 from beatloop.core.assembly import RunParts, validation_loop
 from beatloop.core.batches import DataSplit, as_evaluation_data, check_evaluation_data
 from beatloop.core.collectives import Gathering
+from beatloop.core.data_origin import LOOP_DATA_ADVICE, is_loop_data
 from beatloop.core.errors import ConfigError, DataError
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.op_errors import data_errors
@@ -46,6 +47,12 @@ class Evaluation:
         self._labels = labels
         self._loops: dict[tuple, CompiledLoop] = {}
 
+    def _advice(self) -> str:
+        """What to pass instead of the validation data the run lacks."""
+        if is_loop_data(self.data.train):
+            return LOOP_DATA_ADVICE
+        return "pass data= (a batched tf.data.Dataset like its training data)"
+
     def run(
         self, loop: CompiledLoop, limit: int, role: str = "validation", dataset=None, wait=True
     ) -> dict[str, float]:
@@ -71,10 +78,7 @@ class Evaluation:
         label = self.parts.label
         if data is None:
             if self.data.validation is None:
-                raise DataError(
-                    f"{label} has no validation data to evaluate on: pass data= (a batched "
-                    "tf.data.Dataset like its training data)"
-                )
+                raise DataError(f"{label} has no validation data to evaluate on: {self._advice()}")
             dataset, role, spec = None, "validation", self.data.validation.element_spec
         else:
             dataset, role = as_evaluation_data(data), "evaluation"
