@@ -35,7 +35,13 @@ from beatloop.core.phased import updates_by_beat
 from beatloop.core.recipe import Recipe, defines
 from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
-from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir, remove_leftovers
+from beatloop.core.run_dir import (
+    RunDirBefore,
+    check_run_dir,
+    create_run_dir,
+    never_started,
+    remove_leftovers,
+)
 from beatloop.core.run_lock import RunDirLock
 from beatloop.core.workers import worker_of, write_dir
 from beatloop.ignored_settings import warn_ignored_settings
@@ -242,6 +248,9 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
         started = start is not None and engine.run.step != start
         if not started and not isinstance(error, RunInterrupted):  # not one step done
             before.put_back()
+            unstarted = never_started(error)  # a full disk: run again, not "resume"
+            if unstarted is not error:
+                raise unstarted from error.__cause__
         raise
     return _result(engine, history)
 

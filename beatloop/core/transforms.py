@@ -23,13 +23,11 @@ from beatloop.core.errors import ConfigError, ScheduleError
 SIGNATURE = "fn(gradients, variables) -> gradients"
 
 
-
 def _positive_float(instance, attribute, value) -> None:
     """A clip's bound: a number above zero, else a ConfigError saying so."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(
-            f"{type(instance).__name__}({attribute.name}=...) takes a number above 0; "
-            f"got {value!r}"
+            f"{type(instance).__name__}({attribute.name}=...) takes a number above 0; got {value!r}"
         )
 
 
