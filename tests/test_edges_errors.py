@@ -201,3 +201,51 @@ def test_a_full_disk_at_run_json_puts_the_run_dir_back_and_does_not_say_resume(
     with pytest.raises(RunDirError, match="so the run did not start"):
         beatloop.fit("supervised", data=data, epochs=1, run_dir=run_dir, progress=False)
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+
+
+# --- 6. a run dir that holds the epochs asked for -----------------------------------------
+
+
+def snapshot(path) -> dict:
+    """Every file and folder under ``path`` with its bytes."""
+    return {
+        str(p.relative_to(path)): (p.read_bytes() if p.is_file() else "folder")
+        for p in sorted(path.rglob("*"))
+    }
+
+
+class Events(beatloop.Callback):
+    """Records each event with what the run holds then."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_fit_start(self, run):
+        self.seen.append(("fit_start", run.epoch, run.step))
+
+    def on_epoch_start(self, run, epoch):
+        self.seen.append(("epoch_start", epoch, run.step))
+
+    def on_fit_end(self, run, logs):
+        self.seen.append(("fit_end", run.epoch, run.step, dict(logs)))
+
+
+def test_a_run_dir_holding_the_epochs_asked_for_fires_fit_start_and_fit_end(tmp_path, small_digits):
+    train, validation = small_digits
+    data = (
+        tf.data.Dataset.from_tensor_slices((train["x"], train["y"])).batch(100),
+        tf.data.Dataset.from_tensor_slices((validation["x"], validation["y"])).batch(100),
+    )
+    run_dir = tmp_path / "run"
+    first = beatloop.fit("supervised", data=data, epochs=1, run_dir=run_dir, progress=False)
+    before = snapshot(run_dir)
+    events = Events()
+    with pytest.warns(UserWarning, match="nothing to train"):
+        again = beatloop.fit(
+            "supervised", data=data, epochs=1, run_dir=run_dir, callbacks=[events], progress=False
+        )
+    assert [event[:3] for event in events.seen] == [("fit_start", 1, 2), ("fit_end", 1, 2)]
+    logs = events.seen[1][3]
+    assert sorted(logs) == sorted(first.history) and "val_loss" in logs
+    assert logs["loss"] == first.history["loss"][-1] == again.history["loss"][-1]
+    assert snapshot(run_dir) == before  # nothing written
