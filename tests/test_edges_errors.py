@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import history_records
 
 import beatloop
 from beatloop.core.errors import ConfigError, DataError, RunDirError, ScheduleError
@@ -138,6 +139,43 @@ def test_all_gather_of_a_scalar_or_a_ragged_tensor_is_the_loss_s_user_code_error
     )
     assert first.startswith(head + words), first
     assert isinstance(caught.value.__cause__, ValueError | TypeError)
+
+
+# --- 4. a torn history row of the checkpoint's own epoch ---------------------------------
+
+
+def test_a_torn_history_row_of_the_checkpoint_s_epoch_is_written_back_on_resume(
+    tmp_path, small_digits
+):
+    train, _ = small_digits
+    data = (tf.data.Dataset.from_tensor_slices((train["x"], train["y"])).batch(100), None)
+    run_dir = tmp_path / "run"
+
+    def run(epochs):
+        return beatloop.fit(
+            "supervised", data=data, epochs=epochs, run_dir=run_dir, seed=1,
+            callbacks=[beatloop.CsvLogger()], progress=False,
+        )  # fmt: skip
+
+    run(2)  # checkpoints at each epoch's end: the latest holds epoch 2
+    jsonl, table = run_dir / "history.jsonl", run_dir / "history.csv"
+    rows, lines = jsonl.read_bytes(), table.read_bytes()
+    # As if killed while writing epoch 2's rows, its checkpoint already written.
+    jsonl.write_bytes(rows[: rows.rindex(b"\n", 0, -1) + 20])
+    table.write_bytes(lines[:-5])
+    with pytest.warns(RuntimeWarning) as warned:
+        resumed = run(3)
+    notices = sorted(str(warning.message) for warning in warned)
+    assert notices == [
+        f"{path}: dropped 1 torn line(s) (a run killed while writing them); epoch 2's row is "
+        "written back from the checkpoint, and the rows after epoch 2, the checkpoint's, are "
+        "written again"
+        for path in (table, jsonl)
+    ]
+    assert resumed.resumed_from.endswith("ckpt-3") and resumed.epochs == 3
+    assert [row["epoch"] for row in history_records(run_dir)] == [1, 2, 3]
+    assert jsonl.read_bytes().startswith(rows) and table.read_bytes().startswith(lines)
+    assert len(table.read_text().splitlines()) == 4  # the header, then epochs 1, 2, 3
 
 
 # --- 5. a full disk before the run starts -------------------------------------------------
