@@ -108,6 +108,22 @@ def test_a_transform_returning_gradients_of_the_wrong_shape_names_beat_variable_
     ]
 
 
+def test_a_combine_returning_gradients_of_the_wrong_shape_names_group_variable_and_shapes():
+    from test_combine import Shared, shared_data
+
+    def transposed(gradients, variables):
+        return [tf.transpose(g1 + g2) for g1, g2 in zip(*gradients, strict=True)]
+
+    with pytest.raises(ScheduleError) as caught:
+        beatloop.fit(Shared(transposed), data=shared_data().batch(4), seed=0, progress=False)
+    assert str(caught.value).splitlines()[1] == (
+        "  - group 'both': combine test_a_combine_returning_gradients_of_the_wrong_shape_names_"
+        "group_variable_and_shapes.<locals>.transposed returned a gradient of shape (1, 4) for "
+        "variable 'a/dense/kernel' of shape (4, 1); return each gradient in its variable's "
+        "shape, in the variables' order"
+    )
+
+
 def test_pcgrad_with_an_unknown_reduction_says_the_ones_it_takes():
     with pytest.raises(ConfigError) as caught:
         beatloop.PCGrad(reduction="max")
