@@ -223,7 +223,7 @@ def test_a_full_disk_at_the_lock_leaves_no_run_dir_and_does_not_say_resume(
     assert first.startswith(
         f"beatloop: error: could not write {run_dir / '.lock'}: the disk is "
     ), first
-    assert "free), so the run did not start (the run dir is left as it was): free some space and " \
+    assert "left, so the run did not start (the run dir is left as it was): free some space and " \
         "run the same command again" in first  # fmt: skip
     assert "resume" not in err
     assert not (tmp_path / "new").exists()  # the folders made for the lock went with it
@@ -241,7 +241,7 @@ def test_a_full_disk_at_run_json_puts_the_run_dir_back_and_does_not_say_resume(
     with pytest.raises(RunDirError) as caught:
         beatloop.fit("supervised", data=data, epochs=1, run_dir=run_dir, progress=False)
     message = str(caught.value)
-    assert message.startswith(f"could not write {run_dir / 'run.json'}: the disk is full ("), (
+    assert message.startswith(f"could not write {run_dir / 'run.json'}: the disk is full, "), (
         message
     )
     assert message.endswith("free some space and run the same command again")
@@ -255,6 +255,9 @@ def test_a_full_disk_at_run_json_puts_the_run_dir_back_and_does_not_say_resume(
     with pytest.raises(RunDirError, match="so the run did not start"):
         beatloop.fit("supervised", data=data, epochs=1, run_dir=run_dir, progress=False)
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+    monkeypatch.undo()  # space freed: the same call runs
+    result = beatloop.fit("supervised", data=data, epochs=1, run_dir=run_dir, progress=False)
+    assert result.resumed_from is None and (run_dir / "run.json").is_file()
 
 
 # --- 6. a run dir that holds the epochs asked for -----------------------------------------

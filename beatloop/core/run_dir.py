@@ -221,15 +221,16 @@ def _failed(path: Path, action: str, error: OSError) -> str:
 
 
 def _free_space(path: Path) -> str:
-    """`` (12.5 MB free)``: the space left on ``path``'s disk, or ``""`` if unknown."""
+    """``, 12.5 MB left``: the space left on the disk of ``path``'s folder, or ``""``
+    when it cannot be read."""
     try:
-        free = shutil.disk_usage(_nearest_existing(path)).free
+        free = shutil.disk_usage(_nearest_existing(Path(path).parent)).free
     except OSError:
         return ""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if free >= size:
-            return f" ({free / size:.1f} {unit} free)"
-    return f" ({free} bytes free)"
+            return f", {free / size:.1f} {unit} left"
+    return f", {free} bytes left"
 
 
 def _advice(error: OSError) -> str:
