@@ -175,10 +175,11 @@ class EpochLogFile(Callback):
 
     filename = ""
     order = Order.WRITER
+    #: The last row written, ``{"epoch": n from 1, "line": the row as written}``.
+    _last: dict | None = None
 
     def __init__(self, path: str | Path | None = None):
         self.path = None if path is None else Path(path)
-        self._last: dict | None = None  # {"epoch": n from 1, "line": the row as written}
 
     def checkpoint_state(self) -> dict | None:
         return None if self._last is None else {"last_row": self._last}
@@ -213,7 +214,7 @@ class EpochLogFile(Callback):
                 kept.append(line)
                 epochs_kept.add(epoch)
         last = self._last
-        restored = epochs >= 1 and epochs not in epochs_kept and last and last["epoch"] == epochs
+        restored = bool(last) and last["epoch"] == epochs and epochs not in epochs_kept
         if restored:
             kept.append(self.header(kept) + last["line"])
         if torn:
