@@ -36,7 +36,13 @@ from beatloop.core.phased import updates_by_beat
 from beatloop.core.recipe import Recipe, defines
 from beatloop.core.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.result import FitResult
-from beatloop.core.run_dir import RunDirBefore, check_run_dir, create_run_dir, remove_leftovers
+from beatloop.core.run_dir import (
+    RunDirBefore,
+    check_run_dir,
+    create_run_dir,
+    never_started,
+    remove_leftovers,
+)
 from beatloop.core.run_lock import RunDirLock
 from beatloop.core.workers import worker_of, write_dir
 from beatloop.ignored_settings import warn_ignored_settings
@@ -247,6 +253,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
                 UserWarning,
                 stacklevel=3,
             )
+            _fit_events_only(engine, history, epochs)
             return _result(engine, history)
         create_run_dir(run_path)  # the run starts: only now is anything written
         remove_leftovers(run_path)
@@ -258,8 +265,23 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
         started = start is not None and engine.run.step != start
         if not started and not isinstance(error, RunInterrupted):  # not one step done
             before.put_back()
+            unstarted = never_started(error)  # a full disk: run again, not "resume"
+            if unstarted is not error:
+                raise unstarted from error.__cause__
         raise
     return _result(engine, history)
+
+
+def _fit_events_only(engine: Engine, history: History, epochs: int) -> None:
+    """``on_fit_start`` then ``on_fit_end`` for a run dir that holds the epochs asked for
+    already: callbacks see the run as its checkpoint restored it, and ``on_fit_end`` the
+    last epoch's figures as its history holds them (an ``EarlyStopping`` puts its best
+    weights back, as when the run ended)."""
+    engine.run.epochs = epochs
+    done = max((len(values) for values in history.history.values()), default=0)
+    logs = {name: values[-1] for name, values in history.history.items() if len(values) == done}
+    engine.callbacks.fire("fit_start", engine.run)
+    engine.callbacks.fire("fit_end", engine.run, logs)
 
 
 def restore(run_dir: str | Path, data=None) -> FitResult:

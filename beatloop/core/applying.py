@@ -90,7 +90,7 @@ def transform_of(beat, grads) -> list:
     """``beat.transform(grads, variables)``, its result checked: one gradient a variable."""
     result = _called(beat.transform, "gradient transform", beat.name, grads, beat.variables)
     where = f"beat {beat.name!r}: transform {shown(beat.transform)}"
-    return checked(result, len(beat.variables), where)
+    return checked(result, beat.variables, where)
 
 
 def _called(fn: Callable, what: str, where: str, gradients, variables) -> list:
@@ -100,8 +100,10 @@ def _called(fn: Callable, what: str, where: str, gradients, variables) -> list:
     return call_user(fn, what, where, gradients, list(variables))
 
 
-def checked(result, count: int, where: str) -> list:
-    """``result`` as a list of ``count`` gradients, else a ScheduleError (at trace time)."""
+def checked(result, variables: Sequence, where: str) -> list:
+    """``result`` as a list of one gradient per variable, each of its variable's shape,
+    else a ScheduleError (at trace time, before a wrong shape reaches the optimizer)."""
+    count = len(variables)
     if not isinstance(result, Sequence) or len(result) != count:
         found = f"{len(result)} item(s)" if isinstance(result, Sequence) else repr(result)
         raise ScheduleError(
@@ -112,7 +114,31 @@ def checked(result, count: int, where: str) -> list:
         )
     if any(g is None for g in result):
         raise ScheduleError([f"{where} returned None for a gradient; return a tensor for each"])
+    wrong = [
+        f"{where} returned a gradient of shape {_shape(grad)} for variable {variable.path!r} "
+        f"of shape {tuple(variable.shape)}; return each gradient in its variable's shape, "
+        "in the variables' order"
+        for grad, variable in zip(result, variables, strict=True)
+        if not _shape_fits(grad, variable)
+    ]
+    if wrong:
+        raise ScheduleError(wrong)
     return list(result)
+
+
+def _shape_fits(grad, variable) -> bool:
+    """Whether ``grad``'s static shape can be ``variable``'s (an embedding's sparse
+    gradient: its rows' shape)."""
+    if isinstance(grad, tf.IndexedSlices):
+        rows = tf.TensorShape(grad.values.shape)
+        return rows.rank is None or rows[1:].is_compatible_with(variable.shape[1:])
+    return tf.TensorShape(getattr(grad, "shape", None)).is_compatible_with(variable.shape)
+
+
+def _shape(grad) -> str:
+    """A gradient's static shape in words (``(unknown rank)`` when unknown)."""
+    shape = tf.TensorShape(getattr(grad, "shape", None))
+    return "(unknown rank)" if shape.rank is None else str(tuple(shape.as_list()))
 
 
 # --- a combining group -------------------------------------------------------------------
@@ -161,7 +187,7 @@ def combined_gradients(group, gradients: list[list]) -> dict[int, tf.Tensor]:
         per_beat.append([own.get(id(v), tf.zeros_like(v)) for v in shared])
     where = f"group {group.name!r}: combine {shown(group.combine)}"
     result = _called(group.combine, "gradient combination", group.name, per_beat, shared)
-    result = checked(result, len(shared), where)
+    result = checked(result, shared, where)
     return {id(v): g for v, g in zip(shared, result, strict=True)}
 
 

@@ -89,6 +89,7 @@ def as_dict_batches(dataset: tf.data.Dataset, role: str) -> tf.data.Dataset:
         _check_tensor_specs(dict(zip(keys, spec, strict=True)), role)
         result = dataset.map(lambda *parts: dict(zip(keys, parts, strict=True)))
     elif isinstance(spec, tf.TensorSpec):
+        _check_tensor_specs({"x": spec}, role)
         result = dataset.map(lambda x: {"x": x})
     else:
         raise DataError(
@@ -113,6 +114,19 @@ def _check_tensor_specs(spec: Mapping, role: str) -> None:
     for key, value in spec.items():
         if not isinstance(value, tf.TensorSpec):
             raise DataError(f"the {role} data set's {key!r} must be a plain tensor, found {value}")
+        if value.shape.rank is None:
+            raise DataError(_unknown_rank(key, role))
+
+
+def _unknown_rank(key: str, role: str) -> str:
+    """Why a batch entry of unknown rank is refused (a ``tf.py_function``'s output has no
+    shape), and how to give it one."""
+    return (
+        f"the {role} data set's {key!r} has an unknown shape (not even its number of "
+        "dimensions: a tf.py_function or tf.numpy_function output has none); set it in the "
+        "function that makes it, before .batch(): e.g. value.set_shape([64]) or value = "
+        "tf.ensure_shape(value, [64]) for examples of 64 values (None for a size that varies)"
+    )
 
 
 def check_batch_spec(

@@ -184,15 +184,57 @@ def writing(path: Path, action: str = "write"):
     except RunDirError:
         raise
     except OSError as error:
-        reason = _REASONS.get(error.errno, error.strerror or str(error))
-        raise RunDirError(
-            f"could not {action} {path}: {reason} ({type(error).__name__}: "
-            f"{error.strerror or error}); {_advice(error)}"
-        ) from error
+        failure = RunDirError(_failed(path, action, error))
+        failure.written = (Path(path), action)  # for ``never_started``
+        raise failure from error
+
+
+def never_started(error: BaseException) -> BaseException:
+    """``error`` as a run that failed before it started says it: a full disk (a
+    RunDirError ``writing`` raised) names the path and the space left, and asks to run
+    again, not to resume (nothing of the run was kept); any other error as it is."""
+    cause = error.__cause__
+    written = getattr(error, "written", None)
+    if written is None or not isinstance(cause, OSError) or cause.errno not in _FULL:
+        return error
+    path, action = written
+    failure = RunDirError(
+        f"could not {action} {path}: {_REASONS[cause.errno]}{_free_space(path)}, so the run "
+        "did not start (the run dir is left as it was): free some space and run the same "
+        "command again"
+    )
+    failure.__cause__ = cause
+    return failure
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _failed(path: Path, action: str, error: OSError) -> str:
+    reason = _REASONS.get(error.errno, error.strerror or str(error))
+    if error.errno in _FULL:
+        reason += _free_space(path)
+    return (
+        f"could not {action} {path}: {reason} ({type(error).__name__}: "
+        f"{error.strerror or error}); {_advice(error)}"
+    )
+
+
+def _free_space(path: Path) -> str:
+    """``, 12.5 MB left``: the space left on the disk of ``path``'s folder, or ``""``
+    when it cannot be read."""
+    try:
+        free = shutil.disk_usage(_nearest_existing(Path(path).parent)).free
+    except OSError:
+        return ""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if free >= size:
+            return f", {free / size:.1f} {unit} left"
+    return f", {free} bytes left"
 
 
 def _advice(error: OSError) -> str:
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if error.errno in _FULL:
         return "free some space and run the same command again to resume"
     if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "make the run dir writable, or pass another run dir"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from beatloop.core.errors import RunDirError
-from beatloop.core.run_dir import LOCK_NAME, writing
+from beatloop.core.run_dir import LOCK_NAME, never_started, writing
 
 
 class RunDirLock:
@@ -41,11 +41,25 @@ class RunDirLock:
     @classmethod
     def acquire(cls, run_dir: Path) -> RunDirLock:
         """Lock ``run_dir`` (created if missing) or raise a RunDirError naming the run
-        that holds it."""
+        that holds it. A lock that cannot be written (a full disk) leaves nothing: the
+        lock file and the folders made for it are removed again."""
         run_dir = Path(run_dir)
-        created_dir = not run_dir.is_dir()
-        with writing(run_dir, "create"):
-            run_dir.mkdir(parents=True, exist_ok=True)
+        made = _missing_folders(run_dir)
+        try:
+            with writing(run_dir, "create"):
+                run_dir.mkdir(parents=True, exist_ok=True)
+            return cls._locked(run_dir, bool(made))
+        except RunDirError as error:
+            for folder in made:  # deepest first; only those left empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            raise never_started(error) from error.__cause__
+
+    @classmethod
+    def _locked(cls, run_dir: Path, created_dir: bool) -> RunDirLock:
+        """The lock on an existing ``run_dir``, its holder written into the lock file."""
         path = run_dir / LOCK_NAME
         while True:  # until the file locked is the one at the path (see _same_file)
             previous = path.read_bytes() if path.is_file() else None
@@ -60,7 +74,11 @@ class RunDirLock:
                 break
             os.close(descriptor)  # released and removed by its holder meanwhile: again
         lock = cls(run_dir, descriptor, previous, created_dir)
-        lock._write(json.dumps(holder()).encode("utf-8") + b"\n")
+        try:
+            lock._write(json.dumps(holder()).encode("utf-8") + b"\n")
+        except BaseException:
+            lock.release()  # the lock file as it was: removed, or its bytes back
+            raise
         return lock
 
     def release(self) -> None:
@@ -112,6 +130,17 @@ def _refusal(run_dir: Path, path: Path) -> str:
         "would overwrite each other's checkpoints and history: wait for it to end, stop "
         "it, or pass another run dir (--run-dir, run_dir=)"
     )
+
+
+def _missing_folders(run_dir: Path) -> list[Path]:
+    """The folders creating ``run_dir`` makes (it and its missing parents), deepest
+    first."""
+    missing = []
+    folder = Path(os.path.abspath(run_dir))
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def _same_file(descriptor: int, path: Path) -> bool:

@@ -18,11 +18,25 @@ from typing import Literal
 import attrs
 import tensorflow as tf
 
-from beatloop.core.errors import ScheduleError
+from beatloop.core.errors import ConfigError, ScheduleError
 
 SIGNATURE = "fn(gradients, variables) -> gradients"
 
-_positive_float = [attrs.validators.instance_of((int, float)), attrs.validators.gt(0)]
+
+def _positive_float(instance, attribute, value) -> None:
+    """A clip's bound: a number above zero, else a ConfigError saying so."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(
+            f"{type(instance).__name__}({attribute.name}=...) takes a number above 0; got {value!r}"
+        )
+
+
+def _reduction(instance, attribute, value) -> None:
+    """A combination's reduction: one it knows, else a ConfigError naming them."""
+    if value not in ("sum", "mean"):
+        raise ConfigError(
+            f"{type(instance).__name__}(reduction=...) takes 'sum' or 'mean'; got {value!r}"
+        )
 
 
 # --- checking a user's callable ---------------------------------------------------------
@@ -140,9 +154,7 @@ class PCGrad:
     ``g_j``: if ``g_i . g_j < 0``, ``g_i <- g_i - (g_i . g_j) / |g_j|^2 g_j``.
     """
 
-    reduction: Literal["sum", "mean"] = attrs.field(
-        default="sum", validator=attrs.validators.in_(("sum", "mean"))
-    )
+    reduction: Literal["sum", "mean"] = attrs.field(default="sum", validator=_reduction)
 
     def __call__(self, gradients: list[list[tf.Tensor]], variables=None) -> list[tf.Tensor]:
         flat = [tf.concat([tf.reshape(g, [-1]) for g in task], axis=0) for task in gradients]

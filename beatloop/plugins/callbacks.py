@@ -169,13 +169,23 @@ def _jsonable(value):
 
 class EpochLogFile(Callback):
     """Base of the per-epoch log files: a file given by path, or ``filename`` in the run
-    dir; its folder is created when the run starts."""
+    dir; its folder is created when the run starts. The last row written is kept in
+    every checkpoint, so a resume puts back the row of the checkpoint's own epoch when a
+    kill tore it."""
 
     filename = ""
     order = Order.WRITER
+    #: The last row written, ``{"epoch": n from 1, "line": the row as written}``.
+    _last: dict | None = None
 
     def __init__(self, path: str | Path | None = None):
         self.path = None if path is None else Path(path)
+
+    def checkpoint_state(self) -> dict | None:
+        return None if self._last is None else {"last_row": self._last}
+
+    def restore_state(self, state: dict) -> None:
+        self._last = state.get("last_row")
 
     def on_fit_start(self, run: Run) -> None:
         if self.path is None:
@@ -189,27 +199,40 @@ class EpochLogFile(Callback):
 
     def drop_after(self, epochs: int) -> None:
         """Keep only the rows of the first ``epochs`` epochs: a resumed run rewrites the
-        epochs its checkpoint did not include (written before a crash). A torn last line
-        (the run was killed while writing it: no newline, or not a row) goes too, with a
-        warning."""
+        epochs its checkpoint did not include (written before a crash). A torn line (the
+        run was killed while writing it: no newline, or not a row) goes too, with a
+        warning; when it was the row of epoch ``epochs`` itself, the checkpoint's copy of
+        that row is written back."""
         with self.path.open(encoding="utf-8", newline="") as handle:  # line ends kept
             lines = handle.read().splitlines(keepends=True)
-        kept, torn = [], 0
+        kept, torn, epochs_kept = [], 0, set()
         for line in lines:
             epoch = self._epoch_of(line)
             if epoch is _TORN:
                 torn += 1
             elif epoch is None or 1 <= epoch <= epochs:
                 kept.append(line)
+                epochs_kept.add(epoch)
+        last = self._last
+        restored = bool(last) and last["epoch"] == epochs and epochs not in epochs_kept
+        if restored:
+            kept.append(self.header(kept) + last["line"])
         if torn:
+            again = f"the rows after epoch {epochs}, the checkpoint's, are written again"
+            if restored:
+                again = f"epoch {epochs}'s row is written back from the checkpoint, and " + again
             warnings.warn(
                 f"{self.path}: dropped {torn} torn line(s) (a run killed while writing "
-                f"them); the rows after epoch {epochs}, the checkpoint's, are written again",
+                f"them); {again}",
                 RuntimeWarning,
                 stacklevel=2,
             )
         if kept != lines:
             replace_file(self.path, "".join(kept))
+
+    def header(self, kept: list[str]) -> str:
+        """What a row written back after the ``kept`` lines needs before it (a header)."""
+        return ""
 
     def _epoch_of(self, line: str):
         """``row_epoch(line)``, or ``_TORN`` for a line cut short."""
@@ -245,7 +268,9 @@ class JsonLinesLogger(EpochLogFile):
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         row = {k: _jsonable(v) for k, v in self.row(run, epoch, logs).items()}
-        append_line(self.path, json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        append_line(self.path, line)
+        self._last = {"epoch": epoch + 1, "line": line}
 
 
 class CsvLogger(EpochLogFile):
@@ -268,12 +293,26 @@ class CsvLogger(EpochLogFile):
         new_file = not self.path.exists() or self.path.stat().st_size == 0
         if self._fields is None:
             self._fields = list(row)
+        line = self._text(lambda writer: writer.writerow(row))
+        append_line(self.path, (self._text_header() if new_file else "") + line)  # one write
+        self._last = {"epoch": epoch + 1, "line": line, "fields": self._fields}
+
+    def restore_state(self, state: dict) -> None:
+        super().restore_state(state)
+        if self._last is not None and self._last.get("fields"):
+            self._fields = list(self._last["fields"])
+
+    def header(self, kept: list[str]) -> str:
+        return "" if any(self.row_epoch(line) is None for line in kept) else self._text_header()
+
+    def _text_header(self) -> str:
+        return self._text(lambda writer: writer.writeheader())
+
+    def _text(self, write) -> str:
+        """What ``write(writer)`` writes with a CSV writer of this file's fields."""
         text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, fieldnames=self._fields, extrasaction="ignore")
-        if new_file:
-            writer.writeheader()
-        writer.writerow(row)
-        append_line(self.path, text.getvalue())  # header and row in one write
+        write(csv.DictWriter(text, fieldnames=self._fields, extrasaction="ignore"))
+        return text.getvalue()
 
 
 class EarlyStopping(Callback):
