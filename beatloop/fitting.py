@@ -472,6 +472,7 @@ def _result(engine: Engine, history: History) -> FitResult:
         recipe=engine.recipe,
         config=engine.recipe.config,
         history=history.history,
+        last_epoch=dict(history.last),
         bound=engine.bound,
         seed=engine.run.seed,
         steps=engine.run.step,
