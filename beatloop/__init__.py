@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -115,8 +116,10 @@ def __getattr__(name: str):
 
 def _imported(module: str):
     """``module``, imported with TensorFlow's start-up lines filtered out of standard
-    error while TensorFlow is not imported yet (the import may be the one that does)."""
-    if "tensorflow" in sys.modules:
+    error while TensorFlow is not imported yet (the import may be the one that does).
+    The filter points descriptor 2 elsewhere while it lasts, so only the main thread
+    sets one up: two threads doing so at once could leave it pointing at the wrong one."""
+    if "tensorflow" in sys.modules or threading.current_thread() is not threading.main_thread():
         return importlib.import_module(module)
     from beatloop.terminal import start_up_filtered
 
