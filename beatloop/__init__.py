@@ -4,8 +4,8 @@ The public API is loaded on first attribute access, so ``import beatloop`` neith
 imports TensorFlow nor loads plugins until something is used (the CLI relies on this to
 quiet TensorFlow's start-up log before it loads). The access that first imports
 TensorFlow keeps its start-up lines (the oneDNN banner, absl's) off standard error, as
-the command does, and writes every other line on: ``beatloop.fit`` in a script prints
-what ``beatloop run`` prints. TensorFlow imported before it prints them as usual.
+the command does, and writes every other line on (``beatloop.fit`` in a script prints
+no start-up line); TensorFlow imported before that prints them as usual.
 """
 
 from __future__ import annotations
