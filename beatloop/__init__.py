@@ -2,12 +2,17 @@
 
 The public API is loaded on first attribute access, so ``import beatloop`` neither
 imports TensorFlow nor loads plugins until something is used (the CLI relies on this to
-quiet TensorFlow's start-up log before it loads).
+quiet TensorFlow's start-up log before it loads). The access that first imports
+TensorFlow keeps its start-up lines (the oneDNN banner, absl's) off standard error, as
+the command does, and writes every other line on (``beatloop.fit`` in a script prints
+no start-up line); TensorFlow imported before that prints them as usual.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import threading
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -104,10 +109,23 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'beatloop' has no attribute {name!r}")
     if name == "recipes":
-        return importlib.import_module("beatloop.recipes")
-    value = getattr(importlib.import_module(module), name)
+        return _imported("beatloop.recipes")
+    value = getattr(_imported(module), name)
     globals()[name] = value
     return value
+
+
+def _imported(module: str):
+    """``module``, imported with TensorFlow's start-up lines filtered out of standard
+    error while TensorFlow is not imported yet (the import may be the one that does).
+    The filter points descriptor 2 elsewhere while it lasts, so only the main thread
+    sets one up: two threads doing so at once could leave it pointing at the wrong one."""
+    if "tensorflow" in sys.modules or threading.current_thread() is not threading.main_thread():
+        return importlib.import_module(module)
+    from beatloop.terminal import start_up_filtered
+
+    with start_up_filtered():
+        return importlib.import_module(module)
 
 
 def __dir__() -> list[str]:

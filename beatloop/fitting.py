@@ -123,7 +123,7 @@ def fit(
     ``callbacks``: beatloop callbacks and Keras callbacks (``keras.callbacks.Callback``),
     a Keras one seeing the recipe's primary model and its optimizer, or those named with
     ``beatloop.keras_callback(callback, model=..., optimizer=...)``; its state is not
-    checkpointed (docs/keras-callbacks.md).
+    checkpointed ([Keras callbacks](keras-callbacks.md)).
 
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
     ``checkpoint_every`` steps, keeping ``max_to_keep``), and a run dir that already
@@ -135,17 +135,18 @@ def fit(
     the holder). Under a ``MultiWorkerMirroredStrategy`` every worker is given the same
     ``run_dir`` (a shared file system): the chief writes it, the other workers write a
     temporary dir of their own (removed at the end) and restore the chief's checkpoints;
-    a worker lost raises ``WorkerLostError`` on the others (docs/speed.md). SIGTERM, like
-    Ctrl-C, saves a checkpoint at the next call boundary and raises ``RunInterrupted``
-    (``exit_code`` 143; 130 for Ctrl-C). The seed is taken from the checkpoint when
-    omitted; a different recipe, config or seed is refused. Data given as a source
+    a worker lost raises ``WorkerLostError`` on the others ([from one machine to a
+    cluster](speed.md#from-one-machine-to-a-cluster)). SIGTERM, like Ctrl-C, saves a
+    checkpoint at the next call boundary and raises ``RunInterrupted`` (``exit_code``
+    143; 130 for Ctrl-C). The seed is taken from the checkpoint when omitted; a
+    different recipe, config or seed is refused. Data given as a source
     (``beatloop.sources.NamedData``: what ``beatloop run --data`` passes) has its files'
     size, modification time and fingerprint recorded in ``run.json`` (``data_files``); a
     resume on files that changed since is refused (a ``DataError`` naming them) unless
     ``accept_changed_data=True``, which ``run.json`` records (``data_changes``).
-    ``on_nan="rollback"`` answers a non-finite loss or
-    gradient norm by restoring the last checkpoint and going on after the offending
-    batch (at most ``max_rollbacks`` times); ``"raise"`` stops the run.
+    ``on_nan="rollback"`` answers a non-finite loss or gradient norm by restoring the
+    last checkpoint and going on after the offending batch (at most ``max_rollbacks``
+    times); ``"raise"`` stops the run.
 
     ``divergence=F`` (a number > 1; off by default) also treats a loss that runs away
     while staying finite as a fault, answered as ``on_nan`` says: a step where a beat's
@@ -164,8 +165,9 @@ def fit(
     build it after the seed). The step is traced once for the data's element spec, whose
     batch dimension is unknown after ``batch(n)`` (fixed by ``drop_remainder=True``): a
     hand-written loop compared with a run bit for bit must be traced the same way, with
-    an ``input_signature`` of batch dimension ``None`` (docs/checkpoints.md, "When the
-    bits are the same"; docs/schedules.md).
+    an ``input_signature`` of batch dimension ``None`` ([when the bits are the
+    same](checkpoints.md#when-the-bits-are-the-same); [simultaneous
+    beats](schedules.md#simultaneous-beats-one-forward-several-updates)).
     """
     _check_counts(epochs, seed)
     options = _engine_options(
@@ -513,6 +515,7 @@ def _result(engine: Engine, history: History) -> FitResult:
         recipe=engine.recipe,
         config=engine.recipe.config,
         history=history.history,
+        last_epoch=dict(history.last),
         bound=engine.bound,
         seed=engine.run.seed,
         steps=engine.run.step,

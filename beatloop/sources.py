@@ -49,6 +49,7 @@ __all__ = [
     "load_whole",
     "make_source",
     "parse_source",
+    "shared_parameters",
     "split_arrays",
 ]
 
@@ -196,22 +197,35 @@ def _check_keys(split: DataSplit, source: DataSource, recipe: Any, role: str) ->
         )
 
 
-def describe_source(cls: type[DataSource]) -> list[str]:
+def describe_source(cls: type[DataSource], shared: bool = True) -> list[str]:
     """``beatloop data``'s lines for one source kind: its description, then each
-    parameter with its type and default."""
+    parameter with its type and default; ``shared=False`` leaves out the paragraph on the
+    parameters every built-in source has, for a listing of several kinds that prints it
+    once (``shared_parameters``)."""
     from beatloop.core.config import config_fields, type_name
 
     lines = [f"{cls.name}: {cls.description()}", f"  --data {cls.name}:PATH"]
+    common = inspect.getdoc(SourceConfig)
     docs = [inspect.getdoc(c) for c in (SourceConfig, cls.Config) if issubclass(cls.Config, c)]
-    for doc in dict.fromkeys(d for d in docs if d):
-        paragraph = " ".join(doc.replace("``", "").split())
-        lines += textwrap.wrap(paragraph, 88, initial_indent="  ", subsequent_indent="  ")
+    for doc in dict.fromkeys(d for d in docs if d and (shared or d != common)):
+        lines += _paragraph(doc, "  ")
     for field in config_fields(cls.Config):
         default = field.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
         lines.append(f"  {field.name}: {type_name(field.type)} = {default!r}")
     return lines
+
+
+def shared_parameters() -> list[str]:
+    """The paragraph on the parameters every built-in source has (``SourceConfig``'s),
+    as ``beatloop data`` prints it once, before the kinds."""
+    return _paragraph(inspect.getdoc(SourceConfig) or "", "")
+
+
+def _paragraph(doc: str, indent: str) -> list[str]:
+    text = " ".join(doc.replace("``", "").split())
+    return textwrap.wrap(text, 88, initial_indent=indent, subsequent_indent=indent)
 
 
 @attrs.frozen

@@ -44,8 +44,17 @@ def import_tensorflow_quietly() -> None:
     if "tensorflow" in sys.modules:
         return
     quiet_environment()
-    with dropping(START_UP_NOISE):
+    with start_up_filtered():
         import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def start_up_filtered():
+    """While it lasts, TensorFlow's start-up lines (``START_UP_NOISE``) are dropped from
+    standard error and every other line is written on: wrapped around an import that
+    may import TensorFlow (the command's, and ``beatloop.fit``'s in Python)."""
+    with dropping(START_UP_NOISE):
+        yield
 
 
 @contextlib.contextmanager

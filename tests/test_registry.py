@@ -205,7 +205,7 @@ def test_plugin_schedule_error_names_the_plugin(install_plugin, small_digits):
         beatloop.fit("kernels_only", data=tuple_batches(train, 50))
     message = str(caught.value)
     origin = "recipe 'kernels_only' (plugin 'bl_test_partial' from bl-partial)"
-    assert message.startswith(f"{origin}'s schedule has 2 problem(s)")
+    assert message.startswith(f"the schedule of {origin} has 2 problem(s)")
     assert "bias' of model 'model' is updated by no beat" in message
 
 

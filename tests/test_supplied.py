@@ -195,7 +195,8 @@ def test_supplied_model_values_are_checked():
     plain = type("Plain", (Distil,), {"supplied_models": {"teacher": TEACHER}})
     with pytest.raises(
         beatloop.ConfigError,
-        match=r"supplied_models must map names to beatloop.SuppliedModel values; "
+        match=r"^the supplied_models of recipe 'distil_test' must map names to "
+        r"beatloop.SuppliedModel values; "
         r"found \{'teacher': 'str'\}",
     ):
         beatloop.fit(plain, models={"teacher": teacher_model()})

@@ -49,16 +49,18 @@ def run(args) -> int:
 
 
 def source_descriptions(kind: str | None) -> list[list[str]]:
-    """Each kind's lines (``kind``: that one only), a plugin's marked with its origin."""
+    """Each kind's lines (``kind``: that one only), a plugin's marked with its origin;
+    for every kind, the paragraph on the parameters they share first, once."""
     from beatloop.plugins.registry import registry
-    from beatloop.sources import describe_source
+    from beatloop.sources import SourceConfig, describe_source, shared_parameters
 
     reg = registry()
     names = reg.source_names() if kind is None else [reg.source(kind).name]
-    described = []
-    for name in names:
-        entry = reg.sources[name]
-        lines = describe_source(entry.cls)
+    entries = [reg.sources[name] for name in names]
+    once = kind is None and any(issubclass(e.cls.Config, SourceConfig) for e in entries)
+    described = [shared_parameters()] if once else []
+    for entry in entries:
+        lines = describe_source(entry.cls, shared=not once)
         lines[0] += "" if entry.origin == "built-in" else f"  [{entry.origin}]"
         described.append(lines)
     return described

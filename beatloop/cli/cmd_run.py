@@ -189,8 +189,9 @@ def run(args) -> int:
 
 
 def _print_result(args, name: str, result, run_dir: Path) -> None:
-    """The run's final figures, the K it ran with, and where it wrote."""
-    final = {figure: values[-1] for figure, values in result.history.items()}
+    """The run's last epoch's figures (one epoch's: a recipe in phases logs other
+    figures in each), the K it ran with, and where it wrote."""
+    final = result.last_epoch or {figure: values[-1] for figure, values in result.history.items()}
     print(
         f"{name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
         + "  ".join(f"{k} {v:.4g}" for k, v in final.items())

@@ -31,7 +31,8 @@ def run(args) -> int:
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
         value = getattr(recipe.config, field.name)
-        print(f"  {field.name}: {type_name(field.type)} = {value!r}  (default {default!r})")
+        changed = f"  (default {default!r})" if repr(value) != repr(default) else ""
+        print(f"  {field.name}: {type_name(field.type)} = {value!r}{changed}")
     schedule = recipe.schedule()
     phased = isinstance(schedule, Phases)  # a schedule per span of epochs
     print("\nschedule (one step of each phase):" if phased else "\nschedule (one step):")

@@ -323,7 +323,7 @@ def _bind(
             optimizers,
             recipe_functions(recipe, recipe.losses()),
             spec,
-            context=f"{label}'s schedule",
+            context=f"the schedule of {label}",
             random=random,
             strategy=strategy,
             forwards=recipe_functions(recipe, recipe.forwards()),

@@ -5,9 +5,10 @@ Every message says what was expected, what was found and, where it helps, what t
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable
+
+from beatloop.core.similar import closest_name
 
 #: The command line's exit codes, by what ended the run (``beatloop --help`` lists them).
 EXIT_CODES = {
@@ -238,9 +239,8 @@ class CallbackError(BeatloopError, TypeError):
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """Return ' (did you mean X?)' for the closest candidate, or '' when none is close."""
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """Return ' (did you mean X?)' for the closest candidate (``closest_name``), or ''."""
+    return f" (did you mean {close!r}?)" if (close := closest_name(name, candidates)) else ""
 
 
 class NumericsError(BeatloopError, FloatingPointError):

@@ -75,6 +75,10 @@ class ModelCalls(Mapping[str, Callable]):
     def __len__(self) -> int:
         return len(self._models)
 
+    def get(self, name: str, default=None):
+        """``models[name]``, or ``default`` when the recipe has no model ``name``."""
+        return self[name] if name in self._models else default
+
     @tf.autograph.experimental.do_not_convert
     def raw(self, name: str) -> keras.Layer:
         """The model object itself, for its variables or sub-layers."""
@@ -247,10 +251,7 @@ def _fits(expected: tuple, found: tf.TensorShape) -> bool:
 
 def _batch_key(tensor, batch) -> str | None:
     """The key of ``batch`` whose value ``tensor`` is (the loss passed it as it is)."""
-    for key, value in (batch or {}).items():
-        if value is tensor:
-            return key
-    return None
+    return next((key for key, value in (batch or {}).items() if value is tensor), None)
 
 
 def keras_message(error: BaseException) -> str:

@@ -150,3 +150,7 @@ class LazyLogs(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._metrics)
+
+    def get(self, key: str, default=None):
+        """``logs[key]`` (read now), or ``default`` when no figure is named ``key``."""
+        return self[key] if key in self._metrics else default

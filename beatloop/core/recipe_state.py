@@ -22,7 +22,7 @@ def built_state(recipe, label: str) -> dict[str, tf.Variable]:
         return {}
     if not isinstance(state, Mapping):
         raise ConfigError(
-            f"{label}'s build_state() must return a dict of name -> tf.Variable, got "
+            f"the build_state() of {label} must return a dict of name -> tf.Variable, got "
             f"{type(state).__name__}; for a recipe without state return {{}} or None"
         )
     for name, variable in state.items():
@@ -33,16 +33,18 @@ def built_state(recipe, label: str) -> dict[str, tf.Variable]:
 def _check_entry(label: str, name, variable) -> None:
     """Refuse a state entry that is not a named, non-trainable variable."""
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"{label}'s build_state() names an entry {name!r}: names are strings")
+        raise ConfigError(
+            f"the build_state() of {label} names an entry {name!r}: names are strings"
+        )
     if not isinstance(variable, _VARIABLES):
         raise ConfigError(
-            f"{label}'s build_state() gives {name!r} a {type(variable).__name__}; each entry "
+            f"the build_state() of {label} gives {name!r} a {type(variable).__name__}; each entry "
             f"must be a tf.Variable (e.g. tf.Variable(tf.zeros([100, 4]), trainable=False)), "
             "so that compiled steps can assign it and checkpoints hold it"
         )
     if variable.trainable:
         raise ConfigError(
-            f"{label}'s build_state() gives {name!r} a trainable variable; recipe state is "
+            f"the build_state() of {label} gives {name!r} a trainable variable; recipe state is "
             "not trained by any beat: make it with trainable=False (a variable to train "
             "belongs in a model)"
         )

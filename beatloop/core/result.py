@@ -35,6 +35,10 @@ class FitResult:
     checkpoint: str | None = None
     #: Steps per compiled call the run ended with (under ``"auto"``, the K it chose).
     steps_per_execution: int = 1
+    #: The figures of the run's last epoch, all from that one epoch (``history``'s last
+    #: values can come from different epochs: a recipe in phases logs other figures in
+    #: each phase); empty when it is not known (a checkpoint written before it was kept).
+    last_epoch: Mapping[str, float] = attrs.field(factory=dict)
     #: The engine that ran (or restored) the run, which ``evaluate`` runs on.
     engine: Any = attrs.field(default=None, repr=False, eq=False)
 

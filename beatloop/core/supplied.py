@@ -96,7 +96,7 @@ def missing_models(
     wrong = {n: type(m).__name__ for n, m in supplied.items() if not isinstance(m, SuppliedModel)}
     if wrong:
         raise ConfigError(
-            f"{label}'s supplied_models must map names to beatloop.SuppliedModel values; "
+            f"the supplied_models of {label} must map names to beatloop.SuppliedModel values; "
             f"found {wrong}"
         )
     problems = []

@@ -22,22 +22,27 @@ from beatloop.core.run_dir import append_line, replace_file, writing
 
 
 class History(Callback):
-    """Collects each epoch's logs into ``history[name] -> [value per epoch]``."""
+    """Collects each epoch's logs into ``history[name] -> [value per epoch]``, and the
+    latest epoch's logs whole in ``last``: a recipe in phases logs other figures in each
+    phase, so the last values of ``history``'s lists can come from different epochs."""
 
     order = Order.WRITER
 
     def __init__(self):
         self.history: dict[str, list[float]] = {}
+        self.last: dict[str, float] = {}
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         for name, value in logs.items():
             self.history.setdefault(name, []).append(value)
+        self.last = dict(logs)
 
     def checkpoint_state(self) -> dict:
-        return {"history": self.history}
+        return {"history": self.history, "last": self.last}
 
     def restore_state(self, state: dict) -> None:
         self.history = {name: list(values) for name, values in state["history"].items()}
+        self.last = dict(state.get("last", {}))  # not in checkpoints written before it was kept
 
 
 class TrainingTimer(Callback):
