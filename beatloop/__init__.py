@@ -29,12 +29,12 @@ _EXPORTS = {
     "DataSplit": "beatloop.core.batches",
     "loop_data": "beatloop.core.data_origin",
     # data sources (--data KIND:PATH)
-    "DataSource": "beatloop.sources",
-    "SourceConfig": "beatloop.sources",
-    "load_data": "beatloop.sources",
+    "DataSource": "beatloop.sources.base",
+    "SourceConfig": "beatloop.sources.base",
+    "load_data": "beatloop.sources.named",
     "register_data_source": "beatloop.plugins.registry",
     # environments (the dqn recipe's env)
-    "Environment": "beatloop.environment_base",
+    "Environment": "beatloop.environments.base",
     "register_environment": "beatloop.plugins.registry",
     # registry
     "recipes": "beatloop",  # the callable beatloop.recipes package; see its docstring
@@ -97,8 +97,8 @@ _EXPORTS = {
     "ReproducibilityWarning": "beatloop.core.errors",
     "RunawayLossWarning": "beatloop.core.errors",
     "IgnoredSettingWarning": "beatloop.core.errors",
-    "InferredSettingWarning": "beatloop.source_base",
-    "DataChangedWarning": "beatloop.data_identity",
+    "InferredSettingWarning": "beatloop.sources.base",
+    "DataChangedWarning": "beatloop.sources.identity",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -110,6 +110,8 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'beatloop' has no attribute {name!r}")
     if name == "recipes":
         return _imported("beatloop.recipes")
+    if name == "load_data":  # finds kinds by name: the registry's module, imported,
+        _imported("beatloop.plugins.registry")  # hands it the plugins' kinds
     value = getattr(_imported(module), name)
     globals()[name] = value
     return value
@@ -179,8 +181,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.transforms import PCGrad
     from beatloop.core.updates import EMA, Act, Copy, Update
     from beatloop.core.workers import WorkerLostError
-    from beatloop.data_identity import DataChangedWarning
-    from beatloop.environment_base import Environment
+    from beatloop.environments.base import Environment
     from beatloop.fitting import evaluate, fit, make_recipe, restore
     from beatloop.plugins.callbacks import (
         CsvLogger,
@@ -198,5 +199,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         register_environment,
     )
     from beatloop.plugins.tensorboard import TensorBoard
-    from beatloop.source_base import InferredSettingWarning
-    from beatloop.sources import DataSource, SourceConfig, load_data
+    from beatloop.sources.base import DataSource, InferredSettingWarning, SourceConfig
+    from beatloop.sources.identity import DataChangedWarning
+    from beatloop.sources.named import load_data

@@ -79,7 +79,7 @@ def compare(
     """Run every entry ``repeats`` times (medians reported), write ``out/compare.json``
     and ``out/loss_curves.png``, and return one row of figures per entry. ``data`` (a
     ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
-    ``beatloop.sources.load_data``) replaces every recipe's built-in data."""
+    ``beatloop.sources.named.load_data``) replaces every recipe's built-in data."""
     from beatloop.core.errors import BeatloopError
 
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +233,7 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     timer = beatloop.TrainingTimer()
     data = None
     if spec.get("data") is not None:
-        from beatloop.sources import load_data
+        from beatloop.sources.named import load_data
 
         def data(recipe, seed):
             return load_data(

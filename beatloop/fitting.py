@@ -48,7 +48,7 @@ from beatloop.core.workers import worker_of, write_dir
 from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
-from beatloop.run_data import (
+from beatloop.sources.recorded import (
     data_facts,
     recorded_source,
     recorded_validation,
@@ -140,7 +140,7 @@ def fit(
     checkpoint at the next call boundary and raises ``RunInterrupted`` (``exit_code``
     143; 130 for Ctrl-C). The seed is taken from the checkpoint when omitted; a
     different recipe, config or seed is refused. Data given as a source
-    (``beatloop.sources.NamedData``: what ``beatloop run --data`` passes) has its files'
+    (``beatloop.sources.named.NamedData``: what ``beatloop run --data`` passes) has its files'
     size, modification time and fingerprint recorded in ``run.json`` (``data_files``); a
     resume on files that changed since is refused (a ``DataError`` naming them) unless
     ``accept_changed_data=True``, which ``run.json`` records (``data_changes``).

@@ -11,7 +11,7 @@ from helpers import dict_batches
 
 import beatloop
 from beatloop.core.batches import DataSplit
-from beatloop.data import digits_arrays
+from beatloop.sources.digits import digits_arrays
 
 COUNT, BATCH = 160, 32
 

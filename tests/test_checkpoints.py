@@ -72,7 +72,7 @@ def small_run(tmp_path, **overrides):
     import keras
 
     import beatloop
-    from beatloop.data import batches, digits_arrays
+    from beatloop.sources.digits import batches, digits_arrays
 
     # A seeded shuffle's order also depends on TensorFlow's global seed when the data
     # set is built: set it first, as fit does before it builds a recipe's own data.

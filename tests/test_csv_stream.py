@@ -16,11 +16,11 @@ from helpers import all_weights, assert_same_weights, history_records, load_npz,
 
 import beatloop
 from beatloop import DataError
-from beatloop import data as builtin_data
 from beatloop.cli import main
 from beatloop.core.batches import DataSplit
 from beatloop.recipes.supervised import Supervised
-from beatloop.sources import NamedData, load_data, make_source
+from beatloop.sources import digits as builtin_data
+from beatloop.sources.named import NamedData, load_data, make_source
 
 
 def write_csv(path, arrays: dict, order=None, delimiter: str = ",") -> None:

@@ -25,8 +25,8 @@ import beatloop
 from beatloop import DataChangedWarning, DataError
 from beatloop.cli import main
 from beatloop.core.beats import Beat, Schedule
-from beatloop.data_identity import CHUNK, fingerprint
-from beatloop.sources import NamedData
+from beatloop.sources.identity import CHUNK, fingerprint
+from beatloop.sources.named import NamedData
 
 ROWS = 48
 SETTINGS = ("batch_size=8", "validation_fraction=0.25")

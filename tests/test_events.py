@@ -60,7 +60,7 @@ def test_the_gan_grid_is_made_before_tensorboard_writes_it_whatever_the_list(tmp
     recipe's grid callback is added after the user's callbacks."""
     import tensorflow as tf
 
-    from beatloop.data import digits_arrays
+    from beatloop.sources.digits import digits_arrays
 
     train, _ = digits_arrays(0, signed=True)
     data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:64]}).batch(32)

@@ -16,7 +16,8 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.errors import IgnoredSettingWarning, RunawayLossWarning
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
-from beatloop.sources import DataSource, load_data
+from beatloop.sources.base import DataSource
+from beatloop.sources.named import load_data
 
 
 def _fit_warnings(**options) -> list[str]:

@@ -14,8 +14,8 @@ import beatloop
 from beatloop import quality
 from beatloop.cli import main
 from beatloop.core.forward import ModelCalls
-from beatloop.data import digits_arrays
 from beatloop.recipes.gan import Gan
+from beatloop.sources.digits import digits_arrays
 
 
 def test_each_beat_changes_only_its_own_network():

@@ -69,7 +69,7 @@ FIT = textwrap.dedent(
     import tensorflow as tf
     import beatloop
     from beatloop.core import grappler_lines
-    from beatloop.data import digits_arrays
+    from beatloop.sources.digits import digits_arrays
     from speaking import Speaking
 
     x = digits_arrays(0, signed=True)[0]["x"][:128]

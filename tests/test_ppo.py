@@ -23,7 +23,7 @@ from ppo_hand import HandWrittenPpo
 import beatloop
 from beatloop.core.batches import DataSplit
 from beatloop.core.engine import Engine, EngineOptions
-from beatloop.environment_base import Environment
+from beatloop.environments.base import Environment
 from beatloop.plugins.callbacks import History
 
 SEED, EPOCHS = 3, 3

@@ -71,7 +71,7 @@ def test_a_run_that_fails_at_its_first_step_leaves_no_lock_behind(tmp_path):
     import numpy as np
 
     import beatloop
-    from beatloop.data import batches
+    from beatloop.sources.digits import batches
 
     # A label out of range: the first step fails.
     data = batches({"x": np.zeros((8, 64), "float32"), "y": np.full(8, 12, "int64")}, 8)

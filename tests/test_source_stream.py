@@ -1,4 +1,4 @@
-"""The streamed sources' shared pipeline (``beatloop.source_stream``): the hold-out is
+"""The streamed sources' shared pipeline (``beatloop.sources.stream``): the hold-out is
 exact and seeded, and a buffer as large as the data shuffles like the in-memory
 pipeline."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beatloop import data
 from beatloop.core.errors import DataError
-from beatloop.source_stream import StreamConfig, stream_batches, stream_split
+from beatloop.sources import digits as data
+from beatloop.sources.stream import StreamConfig, stream_batches, stream_split
 
 COUNT = 300
 

@@ -17,12 +17,12 @@ from PIL import Image
 
 import beatloop
 from beatloop import ConfigError, DataError, RegistrationError
-from beatloop import data as builtin_data
 from beatloop.cli import main
 from beatloop.plugins import registry as registry_module
 from beatloop.recipes.gan import Gan
 from beatloop.recipes.supervised import Supervised
-from beatloop.sources import load_data
+from beatloop.sources import digits as builtin_data
+from beatloop.sources.named import load_data
 
 IMAGES = 40  # digits written as PNGs: 4 per class for the ten classes
 
@@ -205,7 +205,7 @@ def test_the_colour_mode_read_from_a_header_is_what_tensorflow_decodes(tmp_path)
     rgba: Keras reads 1, 3 or 4)."""
     import tensorflow as tf
 
-    from beatloop.image_headers import COLOR_MODES, image_shape
+    from beatloop.sources.image_headers import COLOR_MODES, image_shape
 
     pixels = np.random.default_rng(0).integers(0, 255, (5, 7, 4), dtype=np.uint8)
     rgb, gray = Image.fromarray(pixels[..., :3], "RGB"), Image.fromarray(pixels[..., 0], "L")
@@ -442,7 +442,7 @@ import attrs
 import numpy as np
 
 import beatloop
-from beatloop.sources import split_arrays
+from beatloop.sources.arrays import split_arrays
 
 
 @attrs.frozen

@@ -16,10 +16,10 @@ import beatloop
 from beatloop.cli import main
 from beatloop.core.binding import bind
 from beatloop.core.supplied import SuppliedModel, model_names
-from beatloop.data import batches, digits_arrays
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 from beatloop.recipes.style_transfer import StyleTransfer, random_vgg
+from beatloop.sources.digits import batches, digits_arrays
 
 TEACHER = "a trained digits classifier (64 inputs, 10 logits)"
 

@@ -20,10 +20,10 @@ import beatloop
 from beatloop import ConfigError, DataError
 from beatloop.cli import main
 from beatloop.core.batches import DataSplit
-from beatloop.data import batches
-from beatloop.example_spec import FeatureSpec, infer_spec, parse_spec
-from beatloop.sources import load_data
-from beatloop.tfrecord_source import TfrecordConfig, TfrecordSource
+from beatloop.sources.digits import batches
+from beatloop.sources.example_spec import FeatureSpec, infer_spec, parse_spec
+from beatloop.sources.named import load_data
+from beatloop.sources.tfrecord import TfrecordConfig, TfrecordSource
 
 SHARDS = (60, 50, 50, 40)  # records per file: 200 digits, files of unequal length
 

@@ -48,7 +48,7 @@ def _evaluation_data(args):
     takes the run's own validation data."""
     from beatloop.cli.recorded import recorded_recipe
     from beatloop.core.errors import ConfigError
-    from beatloop.sources import load_whole
+    from beatloop.sources.named import load_whole
 
     if args.data is None:
         if args.data_set:

@@ -102,6 +102,6 @@ def data_option(args):
             given = "--validation-data" if validation is not None else "--data-set"
             raise ConfigError(f"{given} needs --data KIND:PATH")
         return None
-    from beatloop.sources import NamedData
+    from beatloop.sources.named import NamedData
 
     return NamedData(args.data, tuple(args.data_set), validation)

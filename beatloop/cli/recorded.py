@@ -1,12 +1,12 @@
 """A finished run as ``export`` and ``evaluate`` read it: its recipe rebuilt from the
 latest checkpoint's record, and the data it was named with (``run.json``'s
-``data_source``, read again by ``beatloop.run_data``, whose functions are here too)."""
+``data_source``, read again by ``beatloop.sources.recorded``, whose functions are here too)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from beatloop.run_data import read_recorded_source, recorded_source
+from beatloop.sources.recorded import read_recorded_source, recorded_source
 
 __all__ = ["read_recorded_source", "recorded_recipe", "recorded_source"]
 

@@ -2,7 +2,7 @@
 recipe's default) and ``cartpole`` (the classic pole balancing, in TensorFlow ops, the
 ``ppo`` recipe's default), each with batched methods on the whole stack of copies.
 Registered by the built-in plugin; a recipe finds them by name through
-``beatloop.environments``.
+``beatloop.environments.registry``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import attrs
 import tensorflow as tf
 
 from beatloop.core.config import setting
-from beatloop.environment_base import Environment, State
+from beatloop.environments.base import Environment, State
 
 
 def _at_least(low: int):

@@ -2,10 +2,10 @@
 with its parameters given as ``NAME=VALUE`` text (the ``dqn`` recipe's ``env`` and
 ``env_settings``).
 
-The registry is not imported here: the built-in plugin registers the ``dqn`` recipe,
-whose module imports this one, so an import of the registry would close a circle.
-Instead the process-wide registry, once it is asked for, hands this module its lookup
-(``use_lookup``); until then the built-in environments are what a name can find.
+The plugins' registry sits above this wing and is not imported here: its built-in
+plugin registers the ``dqn`` recipe, whose module imports this one. Instead the
+registry's module hands this one its lookup (``use_lookup``) when it is imported; until
+the registry is filled, the built-in environments are what a name can find.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, did_you_mean
-from beatloop.environment_base import Environment
+from beatloop.environments.base import Environment
 
 #: A name's class, or ``None`` when the lookup has no registry to ask (yet).
 Lookup = Callable[[str], type[Environment] | None]
@@ -35,7 +35,7 @@ def environment_class(name: str) -> type[Environment]:
     found = _lookup(name) if _lookup is not None else None
     if found is not None:
         return found
-    from beatloop.environment_kinds import BUILT_IN
+    from beatloop.environments.kinds import BUILT_IN
 
     built_in = {cls.name: cls for cls in BUILT_IN}
     if name in built_in:

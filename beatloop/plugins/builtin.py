@@ -39,15 +39,13 @@ def register_callbacks() -> list[type]:
 
 @hookimpl
 def register_data_sources() -> list[type]:
-    from beatloop.csv_source import CsvSource
-    from beatloop.source_kinds import FolderSource, NpzSource
-    from beatloop.tfrecord_source import TfrecordSource
+    from beatloop.sources.registry import built_in
 
-    return [FolderSource, CsvSource, NpzSource, TfrecordSource]
+    return list(built_in().values())
 
 
 @hookimpl
 def register_environments() -> list[type]:
-    from beatloop.environment_kinds import CartPole, Chain
+    from beatloop.environments.kinds import CartPole, Chain
 
     return [Chain, CartPole]

@@ -1,7 +1,9 @@
 """The recipe, callback, data source and environment registry, filled through pluggy
 from the built-in plugin and from every installed package's ``beatloop`` entry points.
 
-Nothing loads at import: the registry fills the first time it is asked for a name.
+Nothing loads at import: the registry fills the first time it is asked for a name. The
+data source and environment wings sit below it and never import it; importing this
+module hands them its lookups (``connect``), which load the plugins when first used.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from pathlib import Path
 import attrs
 import pluggy
 
-from beatloop import environments
 from beatloop.core.beats import Schedule
 from beatloop.core.callbacks import Callback
 from beatloop.core.errors import (
@@ -28,9 +29,11 @@ from beatloop.core.errors import (
 )
 from beatloop.core.phases import Phases, schedules_of
 from beatloop.core.recipe import Recipe
-from beatloop.environment_base import Environment
+from beatloop.environments import registry as environment_lookup
+from beatloop.environments.base import Environment
 from beatloop.plugins import builtin, hookspecs
-from beatloop.source_base import DataSource
+from beatloop.sources import registry as source_lookup
+from beatloop.sources.base import DataSource
 
 BUILTIN = "built-in"
 DISABLE_AUTOLOAD = hookspecs.DISABLE_AUTOLOAD
@@ -389,16 +392,31 @@ def registry() -> Registry:
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = Registry(load_entry_points=not _autoload_disabled())
-    # Recipes find environments through beatloop.environments, which cannot import this
-    # module (the built-in plugin registers a recipe that imports it): hand it the way.
-    environments.use_lookup(_environment_class)
+    connect()
     return _REGISTRY
+
+
+def connect() -> None:
+    """Hand the wings below this module the process-wide registry's lookups: recipes find
+    environments, and ``load_data`` data source kinds, through their wing, which cannot
+    import this module (the built-in plugin imports the recipes, which import the wings).
+    Loads nothing: a source kind's lookup fills the registry when first used."""
+    environment_lookup.use_lookup(_environment_class)
+    source_lookup.use_lookup(source_lookup.Lookup(kind=_source_class, names=_source_names))
 
 
 def _environment_class(name: str) -> type | None:
     """The environment ``name`` of the process-wide registry; ``None`` while it is being
     built (its recipes' default configs name built-in environments)."""
     return None if _REGISTRY is None else _REGISTRY.environment(name).cls
+
+
+def _source_class(name: str) -> type[DataSource]:
+    return registry().source(name).cls
+
+
+def _source_names() -> list[str]:
+    return registry().source_names()
 
 
 def loaded_registry() -> Registry | None:
@@ -440,3 +458,6 @@ def register_data_source(cls: type[DataSource]) -> type[DataSource]:
 def register_environment(cls: type[Environment]) -> type[Environment]:
     """Register an environment class at run time; usable as a class decorator."""
     return registry().register_environment(cls)
+
+
+connect()  # the wings' lookups, handed over on import; nothing is loaded

@@ -34,7 +34,6 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.config import choice, setting
@@ -43,6 +42,7 @@ from beatloop.core.phases import Phase, Phases
 from beatloop.core.recipe import Recipe
 from beatloop.core.updates import EMA
 from beatloop.recipes.views import Views, square_side
+from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 _fraction = [attrs.validators.gt(0), attrs.validators.lt(1)]

@@ -28,8 +28,8 @@ from beatloop.core.config import choice, setting
 from beatloop.core.data_origin import loop_data
 from beatloop.core.recipe import Recipe
 from beatloop.core.updates import EMA, Act, Copy
-from beatloop.environment_base import Environment
-from beatloop.environments import make_environment
+from beatloop.environments.base import Environment
+from beatloop.environments.registry import make_environment
 
 _positive = attrs.validators.gt(0)
 _fraction = [attrs.validators.ge(0), attrs.validators.le(1)]

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from beatloop import data, images, quality
+from beatloop import images, quality
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.callbacks import Callback, Order
@@ -23,6 +23,7 @@ from beatloop.core.config import choice, setting
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
 from beatloop.core.run import Run
+from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 BOTH = ("generator", "discriminator")

@@ -25,7 +25,6 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.callbacks import Callback
@@ -37,6 +36,7 @@ from beatloop.core.run import Run
 from beatloop.core.transforms import PCGrad
 from beatloop.recipes import loss_weights
 from beatloop.recipes.loss_weights import LogVariances, dwa_weights
+from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 

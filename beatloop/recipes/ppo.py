@@ -26,8 +26,8 @@ from beatloop.core.config import setting
 from beatloop.core.data_origin import loop_data
 from beatloop.core.recipe import Recipe
 from beatloop.core.updates import Act
-from beatloop.environment_base import Environment
-from beatloop.environments import make_environment
+from beatloop.environments.base import Environment
+from beatloop.environments.registry import make_environment
 from beatloop.recipes import ppo_rollout as rollout
 
 _positive = attrs.validators.gt(0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from beatloop.core.batches import DataSplit
-from beatloop.data import batches
+from beatloop.sources.digits import batches
 
 #: A batch's keys: whole tasks, ``(tasks, points, 1)`` each.
 KEYS = ("support_x", "support_y", "query_x", "query_y")

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from beatloop import data, images
+from beatloop import images
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, ClipValues, Schedule
 from beatloop.core.callbacks import Callback, Order
@@ -39,6 +39,7 @@ from beatloop.core.recipe import Recipe
 from beatloop.core.run import Run
 from beatloop.core.supplied import SuppliedModel
 from beatloop.layers import VariableLayer
+from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 _non_negative = attrs.validators.ge(0)

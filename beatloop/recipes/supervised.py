@@ -10,12 +10,12 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop import data
 from beatloop.core.batches import DataSplit
 from beatloop.core.beats import Beat, Schedule
 from beatloop.core.config import choice, setting
 from beatloop.core.forward import ModelCalls
 from beatloop.core.recipe import Recipe
+from beatloop.sources import digits as data
 
 OPTIMIZERS = {
     "adam": keras.optimizers.Adam,

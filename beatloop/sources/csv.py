@@ -4,7 +4,7 @@ at a time, never whole.
 Loading scans the file once, in C++ and in large batches: it counts the data rows (the
 pipeline's cardinality), checks every row parses, and finds which columns hold only whole
 numbers (those become int32). Training then reads the lines again each pass, through
-``beatloop.source_stream`` (hold-out by the seed's permutation of row indexes, bounded
+``beatloop.sources.stream`` (hold-out by the seed's permutation of row indexes, bounded
 shuffle, batches parsed with ``tf.io.decode_csv``). A file that does not parse is read
 again in Python, only on that error path, to name the line and the column.
 """
@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import DataError
-from beatloop.source_base import DataSource
-from beatloop.source_stream import StreamConfig, stream_split
+from beatloop.sources.base import DataSource
+from beatloop.sources.stream import StreamConfig, stream_split
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.
 _SCAN_VALUES = 2**18

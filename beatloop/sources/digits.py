@@ -1,5 +1,7 @@
-"""Small real data sets that ship inside installed packages (nothing is downloaded),
-as batched ``tf.data`` pipelines of dicts."""
+"""The built-in data: small real data sets that ship inside installed packages (nothing
+is downloaded), as batched ``tf.data`` pipelines of dicts: scikit-learn's digits (what
+most recipes and the docs train on), its breast-cancer cases and sample photos; and
+``batches``, the in-memory pipeline the in-memory kinds share."""
 
 from __future__ import annotations
 

@@ -1,24 +1,24 @@
-"""The built-in in-memory data source kinds: ``folder`` (images) and ``npz``, and
-``split_arrays``, which makes arrays into a ``DataSplit`` for them and for plugins'
-kinds (the streamed ``csv`` kind is ``beatloop.csv_source``). Registered by the
-built-in plugin; named on the command line through ``beatloop.sources``.
+"""The ``folder`` data source kind: a folder of images (in one subfolder per class, or
+not) decoded in memory, then split by ``split_arrays``; and the ``value_range`` scales
+the ``tfrecord`` kind's images share.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import numpy as np
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import DataError
-from beatloop.image_headers import UnreadableImage, agreed_shape, inferred_notice
-from beatloop.source_base import DataSource, InferredSettingWarning, SourceConfig
+from beatloop.sources.arrays import split_arrays
+from beatloop.sources.base import DataSource, InferredSettingWarning, SourceConfig
+from beatloop.sources.image_headers import UnreadableImage, agreed_shape, inferred_notice
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 INTERPOLATIONS = ("bilinear", "nearest", "area", "bicubic")
@@ -140,7 +140,7 @@ class FolderSource(DataSource):
             try:
                 tf.io.decode_image(tf.io.read_file(str(path)), expand_animations=False)
             except (tf.errors.OpError, ValueError) as error:
-                bad.append((path, _op_reason(error)))
+                bad.append((path, op_reason(error)))
         if not bad:
             return DataError(f"data source {self.label!r}: its images could not be read")
         (path, reason), others = bad[0], len(bad) - 1
@@ -162,7 +162,7 @@ class FolderSource(DataSource):
         return ""
 
 
-def _op_reason(error: Exception) -> str:
+def op_reason(error: Exception) -> str:
     """TensorFlow's words for a failed op, without the function and op names around them:
     ``Invalid PNG data, size 70``."""
     text = " ".join((getattr(error, "message", None) or str(error)).split())
@@ -177,102 +177,3 @@ def _images_in(folder: Path) -> bool:
 def _is_image_file(path: Path) -> bool:
     """A file the folder source reads: one with an image suffix."""
     return path.suffix.lower() in IMAGE_SUFFIXES and path.is_file()
-
-
-@attrs.frozen
-class NpzConfig(SourceConfig):
-    """``keys``: the arrays to use (by default every array in the file)."""
-
-    keys: tuple[str, ...] = ()
-
-
-class NpzSource(DataSource):
-    """A NumPy .npz file: every array (or those in keys) becomes the batch key of its
-    name; float64 arrays become float32. All arrays have one example per row."""
-
-    name = "npz"
-    Config = NpzConfig
-
-    def load(self, seed: int, batch_size: int) -> DataSplit:
-        path = Path(self.path)
-        if not path.is_file():
-            what = "a folder, not a file" if path.is_dir() else "not there"
-            raise DataError(f"data source {self.label!r}: {self.path!r} is {what}")
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                names = list(self.config.keys) or list(archive.files)
-                absent = [name for name in names if name not in archive.files]
-                if absent:
-                    raise DataError(
-                        f"data source {self.label!r}: the file has no array(s) {absent}; it "
-                        f"holds {archive.files}"
-                    )
-                arrays = {name: archive[name] for name in names}
-        except DataError:
-            raise
-        except (OSError, ValueError) as error:
-            raise DataError(
-                f"data source {self.label!r}: not a readable .npz file: {error}"
-            ) from None
-        if not arrays:
-            raise DataError(f"data source {self.label!r}: the file holds no arrays")
-        arrays = {
-            name: value.astype(np.float32) if value.dtype == np.float64 else value
-            for name, value in arrays.items()
-        }
-        return split_arrays(arrays, self.config, seed, batch_size, self.label)
-
-    def files(self) -> list[Path]:
-        """The .npz file."""
-        return [Path(self.path)] if Path(self.path).is_file() else []
-
-
-def __getattr__(name: str) -> Any:
-    """``CsvSource`` and ``CsvConfig``, which moved to ``beatloop.csv_source``, still
-    importable from here (imported only when asked for: that module imports TensorFlow)."""
-    if name in ("CsvSource", "CsvConfig"):
-        from beatloop import csv_source
-
-        return getattr(csv_source, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# --- shared: arrays into a split --------------------------------------------------------
-
-
-def split_arrays(
-    arrays: Mapping[str, np.ndarray], config: Any, seed: int, batch_size: int, label: str
-) -> DataSplit:
-    """Arrays (one example per row) as a DataSplit: ``config.validation_fraction`` of the
-    examples, drawn by ``seed``, held out for validation; training batches reshuffled
-    every epoch by ``seed`` when ``config.shuffle`` (the built-in pipeline,
-    ``beatloop.data.batches``)."""
-    from beatloop import data
-
-    counts = {name: len(value) for name, value in arrays.items() if np.ndim(value) > 0}
-    if len(counts) != len(arrays) or len(set(counts.values())) != 1:
-        shapes = {name: np.shape(value) for name, value in arrays.items()}
-        raise DataError(
-            f"data source {label!r}: every array needs one example per row, the same number "
-            f"of rows; found shapes {shapes}"
-        )
-    count = next(iter(counts.values()))
-    if count == 0:
-        raise DataError(f"data source {label!r}: it holds no examples")
-    fraction = getattr(config, "validation_fraction", 0.0)
-    held = round(count * fraction)
-    if fraction and not 0 < held < count:
-        raise DataError(
-            f"data source {label!r}: validation_fraction={fraction} of {count} example(s) "
-            f"leaves {count - held} for training and {held} for validation; both need some"
-        )
-    shuffle_seed = seed if getattr(config, "shuffle", True) else None
-    if not held:
-        return DataSplit(data.batches(arrays, batch_size, shuffle_seed=shuffle_seed))
-    order = np.random.default_rng(seed).permutation(count)
-    train = {name: value[order[held:]] for name, value in arrays.items()}
-    validation = {name: value[order[:held]] for name, value in arrays.items()}
-    return DataSplit(
-        data.batches(train, batch_size, shuffle_seed=shuffle_seed),
-        data.batches(validation, batch_size),
-    )

@@ -2,14 +2,12 @@
 dict batches: the source named, its parameters read, its batches checked against the
 recipe.
 
-A source kind is a registered class (``beatloop.source_base.DataSource``; built-ins:
-``folder`` and ``npz`` in ``beatloop.source_kinds``, the streamed ``csv`` in
-``beatloop.csv_source`` and ``tfrecord`` in ``beatloop.tfrecord_source``; plugins add
-more through the ``register_data_sources`` hook) with a ``name``, an attrs ``Config`` of
-its parameters (set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)``
-method.
-``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call. The base
-class, the built-in kinds and ``split_arrays`` are also importable from here.
+A source kind is a registered class (``beatloop.sources.base.DataSource``; built-ins:
+``folder``, ``npz``, the streamed ``csv`` and ``tfrecord``, a module each in this wing;
+plugins add more through the ``register_data_sources`` hook), found by name in
+``beatloop.sources.registry``, with a ``name``, an attrs ``Config`` of its parameters
+(set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)`` method.
+``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call.
 """
 
 from __future__ import annotations
@@ -24,34 +22,13 @@ import attrs
 from beatloop.core.batches import DataSplit
 from beatloop.core.config import make_config, parse_settings
 from beatloop.core.errors import ConfigError, DataError
-from beatloop.csv_source import CsvSource
-from beatloop.data_identity import by_role, source_identity
 from beatloop.ignored_settings import changed_settings, warn
-from beatloop.source_base import DataSource, SourceConfig
-from beatloop.source_kinds import FolderSource, NpzSource, split_arrays
-from beatloop.tfrecord_source import TfrecordSource
+from beatloop.sources.base import DataSource, SourceConfig
+from beatloop.sources.identity import by_role, source_identity
+from beatloop.sources.registry import source_class, source_names
 
 if TYPE_CHECKING:
     import tensorflow as tf
-
-__all__ = [
-    "DEFAULT_BATCH_SIZE",
-    "CsvSource",
-    "DataSource",
-    "FolderSource",
-    "NamedData",
-    "NpzSource",
-    "SourceConfig",
-    "TfrecordSource",
-    "batch_size_for",
-    "describe_source",
-    "load_data",
-    "load_whole",
-    "make_source",
-    "parse_source",
-    "shared_parameters",
-    "split_arrays",
-]
 
 #: The batch size of a source that sets none, for a recipe without a ``batch_size`` field.
 DEFAULT_BATCH_SIZE = 32
@@ -59,11 +36,9 @@ DEFAULT_BATCH_SIZE = 32
 
 def parse_source(text: str) -> tuple[str, str]:
     """``"folder:images/"`` -> ``("folder", "images/")``."""
-    from beatloop.plugins.registry import registry
-
     kind, sep, path = text.partition(":")
     if not sep or not kind.strip() or not path.strip():
-        known = ", ".join(registry().source_names())
+        known = ", ".join(source_names())
         raise ConfigError(
             f"--data expects KIND:PATH (e.g. folder:images/ or csv:table.csv), got {text!r}; "
             f"kinds: {known}"
@@ -77,10 +52,8 @@ def make_source(
     """The source ``text`` names (``KIND:PATH``), its parameters from ``settings``
     (``["image_size=28,28"]`` or ``{"image_size": (28, 28)}``) over the ``recipe``'s
     ``source_defaults`` over the source's own defaults."""
-    from beatloop.plugins.registry import registry
-
     kind, path = parse_source(text)
-    cls = registry().source(kind).cls
+    cls = source_class(kind)
     owner = f"data source {kind!r}"
     for setting in () if isinstance(settings, Mapping) else settings:
         if not setting.partition("=")[0].strip() or "=" not in setting:

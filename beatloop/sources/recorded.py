@@ -17,7 +17,7 @@ from typing import Any
 def recorded_source(run_dir: Path):
     """The ``NamedData`` the run trained on when it was given ``--data`` (``run.json``'s
     ``data_source``), else ``None`` (no run.json, or one that names no data)."""
-    from beatloop.sources import NamedData
+    from beatloop.sources.named import NamedData
 
     try:
         recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
@@ -90,8 +90,8 @@ def data_facts(run_dir: Path | None, named, recipe, resumed: bool, accept: bool)
     were (no ``data_files``) resumes as before."""
     from beatloop.core.errors import DataError
     from beatloop.core.record import read_run_json
-    from beatloop.data_identity import changes, describe
-    from beatloop.sources import NamedData
+    from beatloop.sources.identity import changes, describe
+    from beatloop.sources.named import NamedData
 
     if run_dir is None or not isinstance(named, NamedData):
         return {}
@@ -123,7 +123,7 @@ def warn_if_changed(run_dir: Path, named, recipe) -> None:
     recorded source) differ from those its ``run.json`` records; nothing when it records
     none (a run from before they were recorded)."""
     from beatloop.core.record import read_run_json
-    from beatloop.data_identity import DataChangedWarning, changes, describe
+    from beatloop.sources.identity import DataChangedWarning, changes, describe
 
     recorded = read_run_json(Path(run_dir) / "run.json").get("data_files")
     if not recorded:

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import DataError
-from beatloop.source_base import SourceConfig
+from beatloop.sources.base import SourceConfig
 
 #: Records per chunk when the held-out ones are picked out (vectorised, not per record).
 _CHUNK = 4096

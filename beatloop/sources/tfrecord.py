@@ -1,12 +1,12 @@
 """The ``tfrecord`` source kind: sharded files of serialized ``tf.train.Example`` records
 (``--data tfrecord:data/train-*.tfrecord``), streamed through the shared pipeline
-(``beatloop.source_stream``), never read into memory whole.
+(``beatloop.sources.stream``), never read into memory whole.
 
 At load time every file is scanned once (in TensorFlow's C++ reader, a batch of records
 at a time): its record count, which gives each record its index in the whole data (the
 file's offset plus its place in the file), and its first record, checked against the
 feature spec (inferred from the first file's first record unless given by hand,
-``beatloop.example_spec``). A file that is not a TFRecord file, is cut short or whose
+``beatloop.sources.example_spec``). A file that is not a TFRecord file, is cut short or whose
 first record does not match is a ``DataError`` naming it. Training reads the files
 interleaved, deterministically, so a pass is the same on every run and an interrupted
 run resumes exactly; under a multi-worker strategy every worker reads every file and
@@ -29,7 +29,8 @@ import numpy as np
 
 from beatloop.core.batches import DataSplit
 from beatloop.core.errors import ConfigError, DataError
-from beatloop.example_spec import (
+from beatloop.sources.base import DataSource
+from beatloop.sources.example_spec import (
     FeatureSpec,
     SpecError,
     check_record,
@@ -39,9 +40,8 @@ from beatloop.example_spec import (
     spec_text,
     with_image_shapes,
 )
-from beatloop.source_base import DataSource
-from beatloop.source_kinds import SCALES, _op_reason
-from beatloop.source_stream import StreamConfig, held_count, stream_batches, stream_split
+from beatloop.sources.folder import SCALES, op_reason
+from beatloop.sources.stream import StreamConfig, held_count, stream_batches, stream_split
 
 #: Feature names that become ``x`` and ``y`` when no feature has that name.
 ALIASES = {
@@ -237,7 +237,7 @@ class TfrecordSource(DataSource):
             )
         return DataError(
             f"{start} is not a readable TFRecord file{self._compression_words()}: "
-            f"{_op_reason(error)}; replace or remove it (a compressed file needs --data-set "
+            f"{op_reason(error)}; replace or remove it (a compressed file needs --data-set "
             "compression=GZIP)"
         )
 

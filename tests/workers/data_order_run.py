@@ -37,10 +37,10 @@ import tensorflow as tf
 from helpers import all_weights
 
 import beatloop
-from beatloop import data
 from beatloop.core.sharding import as_one_device, warn_if_not_one_device
 from beatloop.core.stream import _distributed
-from beatloop.sources import make_source
+from beatloop.sources import digits as data
+from beatloop.sources.named import make_source
 
 
 def ids_of(batch) -> tf.Tensor:

@@ -139,7 +139,7 @@ def noisy(every: int = 1):
     import keras
 
     import beatloop
-    from beatloop.data import digits
+    from beatloop.sources.digits import digits
 
     def cross_entropy(models, x, y):
         logits = models["model"](x)

@@ -24,7 +24,7 @@ from helpers import all_weights
 from resumable_run import SignalAt
 
 import beatloop
-from beatloop.environment_kinds import CartPole
+from beatloop.environments.kinds import CartPole
 
 KILL_AFTER_MOVES: list[int | None] = [None]
 MOVES = [0]

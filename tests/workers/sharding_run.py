@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 
 from beatloop.core.stream import _distributed
-from beatloop.sources import make_source
+from beatloop.sources.named import make_source
 
 
 def hand_built_tfrecords(pattern: str, seed: int, batch_size: int) -> tf.data.Dataset:
