@@ -79,17 +79,17 @@ def long_functions(folder: Path, most: int = 60) -> list[str]:
     ]
 
 
-def package_graph() -> dict[str, set[str]]:
+def package_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Every beatloop module's imports of the others, at module level and inside
-    functions (lazy imports) alike, type-checking blocks included. ``from beatloop
-    import data`` is an import of ``beatloop.sources.digits``: importing a submodule runs its
-    package's ``__init__`` first, but a package that imports nothing at run time (as
+    functions (lazy imports) alike, type-checking blocks included. ``from beatloop.sources
+    import digits`` is an import of ``beatloop.sources.digits``: importing a submodule runs
+    its package's ``__init__`` first, but a package that imports nothing at run time (as
     ``beatloop`` itself) closes no circle through it."""
     paths = {
-        ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(
+        ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(
             ".__init__"
         ): path
-        for path in PACKAGE.rglob("*.py")
+        for path in package.rglob("*.py")
     }
     modules, graph = set(paths), {}
     for name, path in paths.items():
@@ -107,6 +107,90 @@ def package_graph() -> dict[str, set[str]]:
 
 def test_the_package_has_no_import_cycle_lazy_imports_included():
     graph = package_graph()
-    assert {"beatloop.sources", "beatloop.plugins.registry", "beatloop.cli"} <= set(graph)
+    assert {"beatloop.sources.named", "beatloop.plugins.registry", "beatloop.cli"} <= set(graph)
     assert "beatloop.sources.base" in graph["beatloop.plugins.registry"]  # imports were read
     assert cycles(graph) == []
+
+
+#: The package's layers, lowest first: a module imports modules of its own layer and of
+#: those below it, never of one above (function-level imports counted). ``NAME.*`` is a
+#: package and everything in it; a module named exactly belongs to that layer even where
+#: a package pattern also covers it.
+LAYERS = (
+    ("core", ("beatloop.core.*",)),
+    (
+        "helpers",
+        (
+            "beatloop.terminal",
+            "beatloop.ignored_settings",
+            "beatloop.images",
+            "beatloop.layers",
+            "beatloop.metrics",
+            "beatloop.quality",
+        ),
+    ),
+    ("wings", ("beatloop.sources.*", "beatloop.environments.*")),
+    ("recipes", ("beatloop.recipes.*",)),
+    ("plugins", ("beatloop.plugins.*",)),
+    (
+        "public face",
+        (
+            "beatloop",
+            "beatloop.__main__",
+            # the callable package is the public ``beatloop.recipes()``, which asks the
+            # registry; importing it runs nothing of the registry, so its recipes do not
+            "beatloop.recipes",
+            "beatloop.fitting",
+            "beatloop.compare",
+            "beatloop.listing",
+            "beatloop.run_file",
+            "beatloop.cli.*",
+        ),
+    ),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in ``LAYERS`` of ``module``'s layer; ``None`` when it is in none."""
+    for index, (_, patterns) in enumerate(LAYERS):
+        if module in patterns:
+            return index
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            package = pattern.removesuffix(".*")
+            if pattern.endswith(".*") and (module == package or module.startswith(package + ".")):
+                return index
+    return None
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module of a higher layer than the importer's, in words."""
+    found = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            low, high = layer_of(module), layer_of(target)
+            if low is not None and high is not None and high > low:
+                found.append(f"{module} ({LAYERS[low][0]}) imports {target} ({LAYERS[high][0]})")
+    return found
+
+
+def test_every_module_has_a_layer_and_no_import_runs_back_up_one():
+    graph = package_graph()
+    assert [module for module in sorted(graph) if layer_of(module) is None] == []
+    assert "beatloop.plugins.registry" in graph["beatloop.cli.cmd_data"]  # lazy ones read
+    assert back_arrows(graph) == []
+
+
+def test_the_layering_check_finds_a_planted_lazy_back_arrow(tmp_path):
+    package = tmp_path / "beatloop"
+    (package / "sources").mkdir(parents=True)
+    (package / "plugins").mkdir()
+    (package / "sources" / "named.py").write_text(
+        "def kinds():\n    from beatloop.plugins.registry import registry\n    return registry()\n"
+    )
+    (package / "plugins" / "registry.py").write_text("from beatloop.sources import named\n")
+    graph = package_graph(package)
+    assert graph["beatloop.plugins.registry"] == {"beatloop.sources.named"}
+    assert back_arrows(graph) == [
+        "beatloop.sources.named (wings) imports beatloop.plugins.registry (plugins)"
+    ]
