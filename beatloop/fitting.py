@@ -208,7 +208,7 @@ def _build_engine(
 ):  # fmt: skip
     """The run's engine (seed set, data made) with its ``History``, and what ``run.json``
     records of data named as a source (``{}`` for other data; on a resume its files
-    compared with the record, ``run_data.data_facts``); ``read_dir``: the run dir it
+    compared with the record, ``sources.recorded.data_facts``); ``read_dir``: the run dir it
     resumes from when it writes another (a multi-worker run's other workers)."""
     seed = _seed_everything(seed, read_dir or run_path)
     named = data
