@@ -4,7 +4,11 @@ package, and the engine no longer than a loop needs."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "beatloop"
 
@@ -194,3 +198,39 @@ def test_the_layering_check_finds_a_planted_lazy_back_arrow(tmp_path):
     assert back_arrows(graph) == [
         "beatloop.sources.named (wings) imports beatloop.plugins.registry (plugins)"
     ]
+
+
+def test_the_sources_wing_finds_built_in_kinds_alone_and_the_registrys_once_handed_them():
+    from beatloop.core.errors import ConfigError
+    from beatloop.plugins.registry import connect, registry
+    from beatloop.sources import registry as kinds
+    from beatloop.sources.folder import FolderSource
+
+    kinds.use_lookup(None)
+    try:
+        assert kinds.source_class("folder") is FolderSource
+        assert kinds.source_names() == ["csv", "folder", "npz", "tfrecord"]
+        with pytest.raises(
+            ConfigError,
+            match=r"kind 'foldr' \(did you mean 'folder'\?\); known kinds: csv, folder, npz, "
+            r"tfrecord \(plugins' kinds are found once beatloop.plugins.registry is imported",
+        ):
+            kinds.source_class("foldr")
+    finally:
+        connect()
+    assert kinds.source_names() == registry().source_names()
+    with pytest.raises(ConfigError, match=r"kind 'foldr' \(did you mean 'folder'\?\)") as raised:
+        kinds.source_class("foldr")
+    assert "plugins' kinds are found once" not in str(raised.value)  # the registry answered
+
+
+@pytest.mark.slow
+def test_importing_the_wings_imports_neither_tensorflow_nor_their_modules():
+    code = (
+        "import sys, beatloop.sources, beatloop.environments; "
+        "print(sorted(m for m in sys.modules if m.startswith(('beatloop', 'tensorflow'))))"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert (
+        shown.stdout.split("\n")[0] == "['beatloop', 'beatloop.environments', 'beatloop.sources']"
+    )

@@ -57,8 +57,8 @@ def source_class(name: str) -> type[DataSource]:
         return kinds[name]
     raise ConfigError(
         f"no data source kind {name!r}{did_you_mean(name, kinds)}; known kinds: "
-        f"{', '.join(sorted(kinds))} (those plugins add are found once beatloop's "
-        "registry is loaded, as beatloop.load_data and the command line do)"
+        f"{', '.join(sorted(kinds))} (plugins' kinds are found once beatloop.plugins.registry "
+        "is imported, as beatloop.load_data, beatloop.fit and the command line do)"
     )
 
 
