@@ -110,8 +110,9 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'beatloop' has no attribute {name!r}")
     if name == "recipes":
         return _imported("beatloop.recipes")
-    if name == "load_data":  # finds kinds by name: the registry's module, imported,
-        _imported("beatloop.plugins.registry")  # hands it the plugins' kinds
+    if name == "load_data":
+        # it finds kinds by name: importing the registry's module hands it plugins' kinds
+        _imported("beatloop.plugins.registry")
     value = getattr(_imported(module), name)
     globals()[name] = value
     return value
