@@ -173,6 +173,6 @@ def test_the_tfjob_manifest_parses_and_its_command_is_a_multi_worker_run():
     (volume,) = pod["volumes"]
     assert mount == {"name": volume["name"], "mountPath": "/runs"}
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-    # docs/speed.md shows the same manifest (the file less its opening comment).
-    shown = (ROOT / "docs" / "speed.md").read_text().split("```yaml\n")[1].split("```")[0]
+    # docs/distribution.md shows the same manifest (the file less its opening comment).
+    shown = (ROOT / "docs" / "distribution.md").read_text().split("```yaml\n")[1].split("```")[0]
     assert shown == text[text.index("apiVersion") :]

@@ -33,7 +33,7 @@ WRITTEN = {
         "digits_classifier.weights.h5",
     },
 }  # fmt: skip
-#: The documented bound on how long the surviving workers take to stop (docs/speed.md).
+#: The documented bound on how long the surviving workers take to stop (docs/distribution.md).
 STOP_SECONDS = 30
 
 
