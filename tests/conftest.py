@@ -90,3 +90,17 @@ def no_autograph_alarm_from_beatloop():
     before = len(_ALARMS.alarms)
     yield
     assert _ALARMS.alarms[before:] == [], "AutoGraph could not convert a function"
+
+
+COLLECTED = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Count the tests collected per file before ``-m``/``-k`` deselect any, for
+    ``test_suite_size.py``: whether a test was lost is judged on what was collected."""
+    counts: dict[str, int] = {}
+    for item in items:
+        name = Path(str(item.path)).name
+        counts[name] = counts.get(name, 0) + 1
+    config.stash[COLLECTED] = counts
