@@ -104,3 +104,12 @@ def pytest_collection_modifyitems(config, items):
         name = Path(str(item.path)).name
         counts[name] = counts.get(name, 0) + 1
     config.stash[COLLECTED] = counts
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per core this process may use, but no more than one per 3 GiB
+    of memory (a worker holding TensorFlow and the runs it starts reaches about that)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(cores or 1, memory // (3 * 2**30)))

@@ -19,8 +19,11 @@ RECORD = TESTS / "collected.json"
 def collected_in_a_fresh_process() -> dict[str, int]:
     """Every test file's count, from ``pytest --collect-only`` over the whole folder."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", str(TESTS)],
-        capture_output=True, text=True, timeout=600, cwd=TESTS.parent,
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", str(TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=TESTS.parent,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     counts: dict[str, int] = {}
