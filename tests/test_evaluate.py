@@ -55,11 +55,13 @@ def by_hand(model, arrays):
     return {"loss": float(np.mean(losses)), "accuracy": float(accuracy)}
 
 
-@pytest.fixture
-def supervised_run(small_digits, tmp_path):
+@pytest.fixture(scope="module")
+def supervised_run(small_digits, tmp_path_factory):
+    """A 2-epoch supervised run with validation data, and its run dir: one for the tests
+    below, as evaluating changes nothing in it (the first test checks that)."""
     train, validation = small_digits
     data = (tuple_batches(train, 50), tuple_batches(validation, 30))
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path_factory.mktemp("supervised_run") / "run"
     result = beatloop.fit("supervised", data=data, epochs=2, seed=0, run_dir=run_dir)
     return result, run_dir
 

@@ -44,6 +44,16 @@ def throwaway(tmp_path_factory) -> Path:
     return python
 
 
+@pytest.fixture(scope="module")
+def plugin_runs(throwaway, tmp_path_factory) -> tuple[dict, Path]:
+    """The worker's three modes (train, resume, grid) in one process of the throwaway
+    environment: each mode's record, and the folder the resume mode wrote its weights
+    to."""
+    out = tmp_path_factory.mktemp("plugin_runs")
+    printed = run_python(WORKER, "all", out, python=throwaway)
+    return json.loads(printed.splitlines()[-1]), out
+
+
 def beatloop_list(python: Path) -> str:
     return run_python("-m", "beatloop", "list", "--verbose", python=python, timeout=120)
 
@@ -67,9 +77,8 @@ def test_the_live_environment_never_sees_the_plugin(throwaway):
         metadata.distribution("beatloop-example-plugin")
 
 
-def test_wgan_gp_trains_and_its_critic_loss_behaves(throwaway, tmp_path):
-    out = run_python(WORKER, "train", tmp_path, python=throwaway)
-    record = json.loads(out.splitlines()[-1])
+def test_wgan_gp_trains_and_its_critic_loss_behaves(plugin_runs):
+    record = plugin_runs[0]["train"]
     history = record["history"]
     assert record["timed"] == 5
     # n_critic = 5: the critic's optimizer applies five updates per step, the generator's one.
@@ -82,23 +91,21 @@ def test_wgan_gp_trains_and_its_critic_loss_behaves(throwaway, tmp_path):
     assert history["wasserstein"][0] > 0 and history["val_wasserstein"][-1] > 0
 
 
-def test_the_plugins_recipe_resumes_bit_identical(throwaway, tmp_path):
-    out = run_python(WORKER, "resume", tmp_path, python=throwaway)
-    runs = json.loads(out.splitlines()[-1])
+def test_the_plugins_recipe_resumes_bit_identical(plugin_runs):
+    runs, out = plugin_runs[0]["resume"], plugin_runs[1]
     first, resumed, whole = runs["first"], runs["resumed"], runs["whole"]
     # 1,437 training digits in batches of 64: 23 steps an epoch.
     assert (first["steps"], resumed["steps"], whole["steps"]) == (23, 46, 46)
     assert first["resumed_from"] is None and whole["resumed_from"] is None
     assert resumed["resumed_from"] == first["checkpoint"]  # the end of epoch 1
     assert resumed["history"] == whole["history"]  # every logged figure, bit for bit
-    assert_same_weights(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
+    assert_same_weights(load_npz(out / "resumed.npz"), load_npz(out / "whole.npz"))
     # Epoch 2 trained after the resume: the match is between two trainings.
-    assert not same_weights(load_npz(tmp_path / "first.npz"), load_npz(tmp_path / "resumed.npz"))
+    assert not same_weights(load_npz(out / "first.npz"), load_npz(out / "resumed.npz"))
 
 
-def test_the_plugins_environment_trains_the_built_in_dqn(throwaway, tmp_path):
-    out = run_python(WORKER, "grid", tmp_path, python=throwaway)
-    record = json.loads(out.splitlines()[-1])
+def test_the_plugins_environment_trains_the_built_in_dqn(plugin_runs):
+    record = plugin_runs[0]["grid"]
     assert record["origin"] == "beatloop-example-plugin"
     # The grid walk from corner to corner: the greedy policy finds the way in 2,000 steps.
     assert record["history"]["greedy_return"][-1] == record["optimal_return"] == 1.0

@@ -44,9 +44,12 @@ SPEAKING = textwrap.dedent(
     """
 )
 
-#: The ``beatloop`` command, with the speaking recipe registered.
+#: The ``beatloop`` command, with the speaking recipe registered: each argument list
+#: between ``--then`` is one command, in turn in this process, each command's output
+#: ending with ``SEPARATOR`` on stdout and on stderr (file descriptor 2, as C++ writes).
 COMMAND = textwrap.dedent(
     """
+    import os
     import sys
     from beatloop.terminal import import_tensorflow_quietly
 
@@ -56,15 +59,25 @@ COMMAND = textwrap.dedent(
     from speaking import Speaking
 
     register(Speaking)
-    sys.exit(cli.main(sys.argv[1:]))
+    commands = [[]]
+    for argument in sys.argv[1:]:
+        commands.append([]) if argument == "--then" else commands[-1].append(argument)
+    for argv in commands:
+        if cli.main(argv) != 0:
+            sys.exit(1)
+        print("{separator}", flush=True)
+        sys.stderr.flush()
+        os.write(2, b"{separator}\\n")
     """
 )
 
-#: ``beatloop.fit`` of the speaking recipe: 2 steps, one a call; ``shown`` as argv[1]
-#: runs it inside ``grappler_lines.shown()``.
+#: ``beatloop.fit`` of the speaking recipe: 2 steps, one a call, once per argument in
+#: turn, ``shown`` inside ``grappler_lines.shown()``; each fit's output ends with
+#: ``SEPARATOR`` on stdout and on stderr (file descriptor 2).
 FIT = textwrap.dedent(
     """
     import contextlib
+    import os
     import sys
     import tensorflow as tf
     import beatloop
@@ -73,30 +86,44 @@ FIT = textwrap.dedent(
     from speaking import Speaking
 
     x = digits_arrays(0, signed=True)[0]["x"][:128]
-    data = beatloop.DataSplit(tf.data.Dataset.from_tensor_slices({"x": x}).batch(64))
-    recipe = Speaking(Speaking.Config(architecture="conv", quality_samples=32))
-    # Grappler printed its line at the first fit of a process only: one process a setting.
-    with grappler_lines.shown() if sys.argv[1] == "shown" else contextlib.nullcontext():
-        result = beatloop.fit(
-            recipe, data=data, epochs=1, seed=0, progress=False, steps_per_execution=1
-        )
-    print(f"steps {result.steps}", flush=True)
+    for setting in sys.argv[1:]:
+        data = beatloop.DataSplit(tf.data.Dataset.from_tensor_slices({"x": x}).batch(64))
+        recipe = Speaking(Speaking.Config(architecture="conv", quality_samples=32))
+        with grappler_lines.shown() if setting == "shown" else contextlib.nullcontext():
+            result = beatloop.fit(
+                recipe, data=data, epochs=1, seed=0, progress=False, steps_per_execution=1
+            )
+        print(f"steps {result.steps}", flush=True)
+        print("{separator}", flush=True)
+        sys.stderr.flush()
+        os.write(2, b"{separator}\\n")
     """
 )
 
 SHAPED, USER = "shaped like Grappler's", "user line from the step"
 
 
-def run(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
-    """Run ``script`` (with ``speaking.py`` beside it) to its end; it must succeed."""
+#: The line that ends each command's or fit's output in the scripts above.
+SEPARATOR = "-- the next run --"
+
+
+def run(tmp_path, script: str, *args: str) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` (with ``speaking.py`` beside it) to its end; it must succeed. One
+    process for the runs it makes in turn (each process's TensorFlow start-up is the
+    cost): each run's stdout and stderr, in order, as if it had had a process."""
     (tmp_path / "speaking.py").write_text(SPEAKING)
-    (tmp_path / "script.py").write_text(script)
+    (tmp_path / "script.py").write_text(script.replace("{separator}", SEPARATOR))
     done = subprocess.run(
         [sys.executable, str(tmp_path / "script.py"), *args],
         capture_output=True, text=True, timeout=600, env=python_env(), cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    outs, errs = done.stdout.split(SEPARATOR + "\n"), done.stderr.split(SEPARATOR + "\n")
+    assert outs[-1] == "" and len(outs) == len(errs), done.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess(done.args, 0, out, err)
+        for out, err in zip(outs[:-1], errs[:-1], strict=False)
+    ]
 
 
 def said(stderr: str) -> tuple[list[str], list[str]]:
@@ -125,19 +152,23 @@ def calls(*sizes: int, hidden: bool) -> list[str]:
 def test_the_cli_keeps_grappler_s_lines_off_stderr_and_verbose_shows_them(tmp_path):
     command = ["run", "speaking_gan", "--set", "architecture=conv", "--set", "batch_size=256"]
     command += ["--set", "quality_samples=32", "--epochs", "1", "--steps-per-execution", "3"]
-    quiet = run(tmp_path, COMMAND, *command, "--quiet", "--run-dir", str(tmp_path / "quiet"))
+    # One process, the quiet command first (as a process's first command: Grappler's
+    # real line, where it prints one, comes with it), then the verbose one.
+    quiet, shown = run(tmp_path, COMMAND, *command, "--quiet", "--run-dir",
+                       str(tmp_path / "quiet"), "--then", *command, "--quiet", "--verbose",
+                       "--run-dir", str(tmp_path / "verbose"))  # fmt: skip
     assert "6 steps" in quiet.stdout  # the run happened (1,437 digits in batches of 256)
     # Training: two calls of 3 steps, the first call's Grappler-shaped lines (and real
     # ones) dropped; then validation (360 digits: 2 steps, one call), a loop of its own.
     assert said(quiet.stderr) == (calls(3, 3, hidden=True) + calls(2, hidden=True), [])
-    shown = run(tmp_path, COMMAND, *command, "--quiet", "--verbose", "--run-dir",
-                str(tmp_path / "verbose"))  # fmt: skip
     assert said(shown.stderr)[0] == calls(3, 3, hidden=False) + calls(2, hidden=False)
 
 
 @pytest.mark.slow
 def test_beatloop_fit_keeps_grappler_s_lines_off_stderr_but_not_the_user_s(tmp_path):
-    hidden, shown = run(tmp_path, FIT, "hidden"), run(tmp_path, FIT, "shown")
+    # One process, the hidden fit first: Grappler printed its real line at the first fit
+    # of a process only, and the hidden one is the fit that must drop it.
+    hidden, shown = run(tmp_path, FIT, "hidden", "shown")
     assert hidden.stdout.split() == shown.stdout.split() == ["steps", "2"]
     # Two steps, one a call: the first (filtered) call's user line came through, and the
     # second call's lines, both of them; the real line, if this TensorFlow printed one

@@ -1,7 +1,9 @@
 """Runs of the example plugin's ``wgan_gp`` recipe (and of the built-in ``dqn`` on its
 ``grid`` environment) for ``test_example_plugin.py``, in
 the throwaway environment the plugin is installed in (the live one lacks it):
-``python plugin_run.py MODE OUT``. Each mode prints one JSON line last.
+``python plugin_run.py MODE OUT``. Each mode prints one JSON line last; mode ``all``
+runs the three below in one process (one TensorFlow start-up) and prints
+``{mode: record}``.
 
 ``train OUT``: 5 epochs of the default config with the plugin's ``epoch_timer``
 callback; prints the history and how often each optimizer applied.
@@ -77,4 +79,8 @@ def grid(out: Path) -> dict:
 
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
-    print(json.dumps({"train": train, "resume": resume, "grid": grid}[mode](out)))
+    modes = {"train": train, "resume": resume, "grid": grid}
+    if mode == "all":
+        print(json.dumps({name: run(out) for name, run in modes.items()}))
+    else:
+        print(json.dumps(modes[mode](out)))
