@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ from helpers import (
 from beatloop.cli.workers import free_ports
 
 WORKER = Path(__file__).parent / "workers" / "distributed_run.py"
+sys.path.insert(0, str(WORKER.parent))
+import distributed_run  # noqa: E402  (its one-device run is fitted here in-process)
 
 
 def start(mode: str, out: Path, tf_config: dict | None = None) -> subprocess.Popen:
@@ -64,8 +67,10 @@ def test_multi_worker_mirrored_with_two_processes_trains_like_one_device(tmp_pat
         start("worker", outputs[i], {"cluster": cluster, "task": {"type": "worker", "index": i}})
         for i in range(2)
     ]
-    processes.append(start("single", outputs[2]))
-    finish_all(processes, timeout=240)
+    try:  # the one-device run in this process while the workers train
+        distributed_run.single(str(outputs[2]))
+    finally:
+        finish_all(processes, timeout=240)
 
     def load(path):
         arrays = load_npz(path)

@@ -156,8 +156,9 @@ def evaluation_data():
     return dict_batches(digits_arrays(0)[1], 15, 31)
 
 
-def compare(kind, case, initial, strategy) -> dict:
-    """One device against two replicas at each of ``STEPS``, with evaluations."""
+def compare(kind, case, initial, strategy) -> tuple[dict, dict]:
+    """One device against two replicas at each of ``STEPS``, with evaluations; and the
+    one-device run's weights."""
     split = data(case)
     one = train(kind, initial, split)
     ones = all_weights(one.models)
@@ -173,7 +174,7 @@ def compare(kind, case, initial, strategy) -> dict:
                 "validation": two.evaluate(steps_per_execution=4),
                 "other": two.evaluate(evaluation_data(), steps_per_execution=4),
             }
-    return report
+    return report, ones
 
 
 def gradients(strategy) -> dict:
@@ -234,14 +235,14 @@ def mirrored(out: str) -> None:
     encoder = kinds["docs"]().build_models({})["encoder"]
     start, initial = all_weights({"encoder": encoder}), encoder.get_weights()
     report = {"replicas": strategy.num_replicas_in_sync, "gradients": gradients(strategy)}
+    docs, ones = compare(kinds["docs"], "5+4", initial, strategy)
     report["cases"] = {
-        "5+4": compare(kinds["docs"], "5+4", initial, strategy),
-        "21+20": compare(kinds["structured"], "21+20", initial, strategy),
+        "5+4": docs,
+        "21+20": compare(kinds["structured"], "21+20", initial, strategy)[0],
     }
-    one = train(kinds["docs"], initial, data("5+4"))
-    report["moved"] = largest_difference(all_weights(one.models), start)
+    report["moved"] = largest_difference(ones, start)
     apart = train(kinds["not_gathered"], initial, data("5+4"), strategy, 4)
-    report["not_gathered"] = largest_difference(all_weights(one.models), all_weights(apart.models))
+    report["not_gathered"] = largest_difference(ones, all_weights(apart.models))
     # batches TensorFlow cannot size (a map after the batch): refused above one step a
     # call, padded to each step's own largest share at one
     unsized = tuple(d.map(lambda b: b) for d in data("21+20"))
