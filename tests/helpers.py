@@ -196,6 +196,18 @@ def run_python(*args: str, python=sys.executable, timeout: float = 300, **env: s
     return done.stdout
 
 
+def worker(name: str):
+    """The script ``workers/NAME.py`` imported as a module, to fit its runs in this
+    process: a reference run compared with one killed in a process of its own costs
+    no second TensorFlow start-up (tests/test_same_process.py: same bits either way)."""
+    import importlib
+
+    folder = str(Path(__file__).parent / "workers")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
 # --- the TensorFlow DCGAN tutorial's loop -------------------------------------------------
 
 

@@ -13,10 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_weights, history_records, load_npz, model_weights, start_python
+from helpers import (
+    all_weights,
+    assert_same_weights,
+    history_records,
+    model_weights,
+    start_python,
+    worker,
+)
 
 WORKER = Path(__file__).parent / "workers" / "resumable_run.py"
 BEATLOOP = Path(sys.executable).parent / "beatloop"
+resumable_run = worker("resumable_run")
 
 # 1,437 training digits in batches of 64: 23 steps an epoch. Checkpoints every 8 steps
 # (8, 16, the epoch end at 23, 24, 32, ...); the kill at step 30 loses 6 steps.
@@ -45,24 +53,22 @@ def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, s
 def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, recipe):
     spec = {**BASE, **RUNS[recipe], "recipe": recipe}
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
-    # The uninterrupted run and the one that will be killed run side by side.
-    full = start_worker({**spec, "run_dir": str(full_dir), "out": str(tmp_path / "full.npz")})
+    # The run to be killed has a process of its own; while it runs, the uninterrupted
+    # one and then the resume are fitted here (the same bits as in a fresh process).
     killed = start_worker({**spec, "run_dir": str(killed_dir), "kill_at": 30, "out": "unused"})
-    code, _, err = finish(killed)
+    try:
+        full = resumable_run.fit({**spec, "run_dir": str(full_dir)})
+    finally:
+        code, _, err = finish(killed)
     assert code == -signal.SIGKILL, err
     assert not (killed_dir / "unused").exists()
     assert len(history_records(killed_dir)) == 1  # epoch 1 finished, epoch 2 was cut short
-    code, out, err = finish(full)
-    assert code == 0, err
 
-    resumed = start_worker({**spec, "run_dir": str(killed_dir), "out": str(tmp_path / "r.npz")})
-    code, out, err = finish(resumed)
-    assert code == 0, err
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["resumed_from"].endswith("ckpt-5")  # steps 0, 8, 16, 23, 24
-    assert summary["steps"] == 46
+    resumed = resumable_run.fit({**spec, "run_dir": str(killed_dir)})
+    assert resumed.resumed_from.endswith("ckpt-5")  # steps 0, 8, 16, 23, 24
+    assert resumed.steps == 46
 
-    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    assert_same_weights(all_weights(resumed.models), all_weights(full.models))
     # Every logged figure, bit for bit.
     assert history_records(killed_dir) == history_records(full_dir)
 

@@ -18,16 +18,17 @@ from helpers import (
     assert_same_weights,
     dict_batches,
     history_records,
-    load_npz,
     run_python,
     same_weights,
     start_python,
+    worker,
 )
 
 import beatloop
 from beatloop import Beat, Group, PCGrad, Schedule
 
 WORKERS = Path(__file__).parent / "workers"
+pcgrad_run = worker("pcgrad_run")
 
 # --- transforms and combinations as values ----------------------------------------------
 
@@ -360,21 +361,16 @@ def test_three_task_pcgrad_killed_mid_epoch_resumes_bit_identical(tmp_path):
     base = {"epochs": 2, "checkpoint_every": 4}
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
     worker = WORKERS / "pcgrad_run.py"
-    spec = {**base, "run_dir": str(full_dir), "out": str(tmp_path / "full.npz")}
-    full = start_python(worker, json.dumps(spec))
     spec = {**base, "run_dir": str(killed_dir), "out": "unused", "kill_at": 14}
     killed = start_python(worker, json.dumps(spec))
-    _, err = killed.communicate(timeout=300)
+    try:  # the uninterrupted run and the resume are fitted here: no process needed
+        full = pcgrad_run.fit({**base, "run_dir": str(full_dir)})
+    finally:
+        _, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, err
-    _, err = full.communicate(timeout=300)
-    assert full.returncode == 0, err
-    spec = {**base, "run_dir": str(killed_dir), "out": str(tmp_path / "resumed.npz")}
-    resumed = start_python(worker, json.dumps(spec))
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["resumed_from"] is not None and summary["steps"] == 20
-    assert_same_weights(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "full.npz"))
+    resumed = pcgrad_run.fit({**base, "run_dir": str(killed_dir)})
+    assert resumed.resumed_from is not None and resumed.steps == 20
+    assert_same_weights(all_weights(resumed.models), all_weights(full.models))
     assert history_records(killed_dir) == history_records(full_dir)
 
 

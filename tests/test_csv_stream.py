@@ -12,7 +12,7 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, history_records, load_npz, start_python
+from helpers import all_weights, assert_same_weights, history_records, start_python, worker
 
 import beatloop
 from beatloop import DataError
@@ -221,7 +221,7 @@ def test_the_pipeline_holds_none_of_the_files_data_and_shards_by_data(tmp_path):
 def test_a_csv_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits):
     from pathlib import Path
 
-    worker = Path(__file__).parent / "workers" / "resumable_run.py"
+    worker_path = Path(__file__).parent / "workers" / "resumable_run.py"
     train, _ = digits  # 1,437 rows: 287 held out, 1,150 in 18 batches of 64 an epoch
     columns = {f"p{i}": train["x"][:, i].astype(np.float64) for i in range(64)}
     write_csv(tmp_path / "digits.csv", {**columns, "digit": train["y"].astype(np.int64)})
@@ -233,21 +233,19 @@ def test_a_csv_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits):
         },
     }  # fmt: skip
 
-    def start(**more):
-        return start_python(worker, json.dumps({**spec, **more}))
-
-    full = start(run_dir=str(tmp_path / "full"), out=str(tmp_path / "full.npz"))
-    killed = start(run_dir=str(tmp_path / "killed"), kill_at=27, out="unused")
-    _, err = killed.communicate(timeout=300)
+    resumable_run = worker("resumable_run")
+    killed_dir = tmp_path / "killed"
+    # Only the killed run needs a process; the others are fitted here meanwhile.
+    killed_spec = {**spec, "run_dir": str(killed_dir), "kill_at": 27, "out": "unused"}
+    killed = start_python(worker_path, json.dumps(killed_spec))
+    try:
+        full = resumable_run.fit({**spec, "run_dir": str(tmp_path / "full")})
+    finally:
+        _, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, err
     assert len(history_records(tmp_path / "killed")) == 1  # killed in epoch 2
-    _, err = full.communicate(timeout=300)
-    assert full.returncode == 0, err
-    resumed = start(run_dir=str(tmp_path / "killed"), out=str(tmp_path / "resumed.npz"))
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["steps"] == 36 and summary["resumed_from"].endswith("ckpt-5")
-    assert_same_weights(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "full.npz"))
+    resumed = resumable_run.fit({**spec, "run_dir": str(killed_dir)})
+    assert resumed.steps == 36 and resumed.resumed_from.endswith("ckpt-5")
+    assert_same_weights(all_weights(resumed.models), all_weights(full.models))
     assert history_records(tmp_path / "killed") == history_records(tmp_path / "full")
     assert "val_loss" in history_records(tmp_path / "full")[0]

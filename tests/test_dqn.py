@@ -21,10 +21,10 @@ from dqn_hand import HandWrittenDqn
 from helpers import (
     all_weights,
     assert_same_weights,
-    load_npz,
     run_python,
     same_weights,
     start_python,
+    worker,
 )
 
 import beatloop
@@ -34,6 +34,7 @@ from beatloop.plugins.callbacks import History
 
 SEED, EPOCHS = 5, 3
 WORKER = Path(__file__).parent / "workers" / "dqn_run.py"
+dqn_run = worker("dqn_run")
 #: A small DQN: 40 steps an epoch, a 64-transition buffer filled with 16 at the start.
 SMALL = {
     "steps_per_epoch": 40, "hidden": 16, "batch_size": 8, "buffer_size": 64,
@@ -252,26 +253,20 @@ def test_evaluate_on_the_run_dir_changes_nothing(tmp_path):
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
 
 
-def run_worker(spec: dict) -> tuple[int, str, str]:
-    process = start_python(WORKER, json.dumps(spec))
-    out, err = process.communicate(timeout=300)
-    return process.returncode, out, err
-
-
 @pytest.mark.slow
 def test_a_dqn_run_killed_mid_epoch_resumes_bit_identical_buffer_and_env_included(tmp_path):
     spec = {"epochs": EPOCHS, "seed": SEED, "checkpoint_every": 16, "steps_per_execution": 4}
     spec["config"] = {**SMALL, "target": "polyak"}
     killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
-    code, _, err = run_worker({**spec, "run_dir": killed_dir, "kill_at": 70, "out": "unused"})
-    assert code == -signal.SIGKILL, err
-    code, out, err = run_worker({**spec, "run_dir": killed_dir, "out": str(tmp_path / "r.npz")})
-    assert code == 0, err
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["resumed_from"] is not None and summary["steps"] == EPOCHS * 40
-    code, _, err = run_worker({**spec, "run_dir": full_dir, "out": str(tmp_path / "full.npz")})
-    assert code == 0, err
-    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    killed = start_python(WORKER, json.dumps({**spec, "run_dir": killed_dir, "kill_at": 70}))
+    try:  # the uninterrupted run and the resume are fitted here: no process needed
+        full = dqn_run.fit({**spec, "run_dir": full_dir})
+    finally:
+        _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err
+    resumed = dqn_run.fit({**spec, "run_dir": killed_dir})
+    assert resumed.resumed_from is not None and resumed.steps == EPOCHS * 40
+    assert_same_weights(dqn_run.final(resumed), dqn_run.final(full))
     history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
     assert history[0] == history[1]  # train_return and greedy_return included
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, load_npz, start_python
+from helpers import all_weights, assert_same_weights, start_python, worker
 from ppo_hand import HandWrittenPpo
 
 import beatloop
@@ -25,9 +25,11 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.engine import Engine, EngineOptions
 from beatloop.environments.base import Environment
 from beatloop.plugins.callbacks import History
+from beatloop.plugins.registry import registry
 
 SEED, EPOCHS = 3, 3
 WORKER = Path(__file__).parent / "workers" / "ppo_run.py"
+ppo_run = worker("ppo_run")
 #: A small PPO: 4 cart-poles of 20 steps, rollouts of 16 steps, 2 x 2 minibatches of 16
 #: rows: 2 rollouts, 8 updates an epoch, the learning rate falling to 0 over 8 rollouts.
 SMALL = {
@@ -248,10 +250,13 @@ def test_a_plugin_environment_is_stepped_by_the_generic_batched_methods():
     assert train[-1] > 0.9 > train[0], train  # the random walk's first episodes fail often
 
 
-def run_worker(spec: dict) -> tuple[int, str, str]:
-    process = start_python(WORKER, json.dumps(spec))
-    out, err = process.communicate(timeout=300)
-    return process.returncode, out, err
+@pytest.fixture
+def killable_cartpole(monkeypatch):
+    """The worker's ``killable_cartpole`` registered in this process for this test only."""
+    table = registry()
+    monkeypatch.setattr(table, "environments", dict(table.environments))
+    monkeypatch.setattr(table, "_origins", dict(table._origins))
+    beatloop.register_environment(ppo_run.KillableCartPole)
 
 
 @pytest.mark.slow
@@ -260,24 +265,26 @@ def run_worker(spec: dict) -> tuple[int, str, str]:
     [({"kill_at_move": 16 * 5 + 7}, 2), ({"kill_at": 14}, 1)],
     ids=["while-collecting", "while-updating"],
 )
-def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(tmp_path, kill, epochs_before):
+def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(
+    tmp_path, kill, epochs_before, killable_cartpole
+):
     """Killed inside the 6th rollout's collection (its 8th environment step, after a
     checkpoint at step 20, mid-epoch) or after step 14 (a checkpoint at 10: the
     resumed run restarts in the middle of a rollout's updates)."""
     spec = {"epochs": EPOCHS, "seed": SEED, "checkpoint_every": 10, "steps_per_execution": 2}
     spec["config"] = {**SMALL, "env": "killable_cartpole"}
     killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
-    code, _, err = run_worker({**spec, **kill, "run_dir": killed_dir, "out": "unused"})
-    assert code == -signal.SIGKILL, err
+    killed = start_python(WORKER, json.dumps({**spec, **kill, "run_dir": killed_dir}))
+    try:  # the uninterrupted run and the resume are fitted here: no process needed
+        full = ppo_run.fit({**spec, "run_dir": full_dir})
+    finally:
+        _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err
     logged = Path(killed_dir, "history.jsonl").read_text().splitlines()
     assert len(logged) == epochs_before  # killed in the middle of the next epoch
-    code, out, err = run_worker({**spec, "run_dir": killed_dir, "out": str(tmp_path / "r.npz")})
-    assert code == 0, err
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["resumed_from"] is not None and summary["steps"] == EPOCHS * 8
-    code, _, err = run_worker({**spec, "run_dir": full_dir, "out": str(tmp_path / "full.npz")})
-    assert code == 0, err
-    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    resumed = ppo_run.fit({**spec, "run_dir": killed_dir})
+    assert resumed.resumed_from is not None and resumed.steps == EPOCHS * 8
+    assert_same_weights(ppo_run.final(resumed), ppo_run.final(full))
     history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
     assert history[0] == history[1]  # train_return and greedy_return included
 

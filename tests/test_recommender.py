@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, load_npz, start_python
+from helpers import all_weights, assert_same_weights, start_python, worker
 from recommender_hand import HandWrittenRecommender, towers, vocabularies
 
 import beatloop
@@ -26,6 +26,7 @@ SEED = 3
 SMALL = {"users": 60, "items": 40, "ratings_per_user": 20, "batch_size": 32, "embedding": 8,
          "rating_layers": (16,)}  # fmt: skip
 WORKER = Path(__file__).parent / "workers" / "recommender_run.py"
+recommender_run = worker("recommender_run")
 
 
 def engine_and_hand_loop(config: dict, steps_per_execution: int):
@@ -249,24 +250,19 @@ def test_float_ids_are_refused_naming_the_key():
         beatloop.fit("recommender", data=data, epochs=1, seed=0)
 
 
-def run_worker(spec: dict) -> tuple[int, str, str]:
-    process = start_python(WORKER, json.dumps(spec))
-    out, err = process.communicate(timeout=300)
-    return process.returncode, out, err
-
-
 @pytest.mark.slow
 def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path):
     spec = {"epochs": 3, "seed": SEED, "checkpoint_every": 10, "steps_per_execution": 4,
             "config": {**SMALL, "weighting": "dwa"}}  # fmt: skip
     killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
-    code, _, err = run_worker({**spec, "run_dir": killed_dir, "kill_at": 50, "out": "unused"})
-    assert code == -signal.SIGKILL, err
-    code, out, err = run_worker({**spec, "run_dir": killed_dir, "out": str(tmp_path / "r.npz")})
-    assert code == 0, err
-    assert json.loads(out.splitlines()[-1])["resumed_from"] is not None
-    code, _, err = run_worker({**spec, "run_dir": full_dir, "out": str(tmp_path / "full.npz")})
-    assert code == 0, err
-    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    killed = start_python(WORKER, json.dumps({**spec, "run_dir": killed_dir, "kill_at": 50}))
+    try:  # the uninterrupted run and the resume are fitted here: no process needed
+        full = recommender_run.fit({**spec, "run_dir": full_dir})
+    finally:
+        _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err
+    resumed = recommender_run.fit({**spec, "run_dir": killed_dir})
+    assert resumed.resumed_from is not None
+    assert_same_weights(recommender_run.final(resumed), recommender_run.final(full))
     history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
     assert history[0] == history[1]

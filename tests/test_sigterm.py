@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    all_weights,
     assert_same_weights,
     history_records,
-    load_npz,
     model_weights,
     start_python,
+    worker,
 )
 
 import beatloop
 
 WORKER = Path(__file__).parent / "workers" / "run_dir_run.py"
+run_dir_run = worker("run_dir_run")
 CONFIG = {"hidden": 8, "batch_size": 256}  # 6 steps an epoch on the built-in digits
 
 
@@ -87,25 +89,22 @@ def test_ctrl_c_keeps_its_exit_code():
 def test_a_process_sent_sigterm_mid_epoch_exits_143_and_resumes_bit_identical(tmp_path):
     spec = {"recipe": "supervised", "config": {"batch_size": 64, "dropout": 0.3}, "epochs": 2}
     spec |= {"seed": 3, "checkpoint_every": 8}  # 23 steps an epoch
-    full = start_python(WORKER, json.dumps({
-        **spec, "run_dir": str(tmp_path / "full"), "out": str(tmp_path / "full.npz"),
-    }))  # fmt: skip
     run = {**spec, "run_dir": str(tmp_path / "run"), "out": str(tmp_path / "run.npz")}
     stopped = start_python(WORKER, json.dumps({**run, "signal_at": [30, "SIGTERM"]}))
-    out, err = stopped.communicate(timeout=300)
+    try:  # the uninterrupted run is fitted here meanwhile: no process needed
+        full = run_dir_run.fit({**spec, "run_dir": str(tmp_path / "full")})
+    finally:
+        out, err = stopped.communicate(timeout=300)
     assert stopped.returncode == 143, err
     summary = json.loads(out.splitlines()[-1])
     assert summary["interrupted"].startswith("stopped by SIGTERM at step 30, in epoch 2")
     assert summary["checkpoint"].endswith("ckpt-6")  # steps 0, 8, 16, 23, 24, then 30
     assert not (tmp_path / "run.npz").exists()
 
-    again = start_python(WORKER, json.dumps(run))  # the same command again
-    out, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err
-    assert json.loads(out.splitlines()[-1]) == {"steps": 46, "resumed_from": summary["checkpoint"]}
-    _, err = full.communicate(timeout=300)
-    assert full.returncode == 0, err
-    assert_same_weights(load_npz(tmp_path / "run.npz"), load_npz(tmp_path / "full.npz"))
+    again = run_dir_run.fit(run)  # the same run again, fitted here
+    assert {"steps": again.steps, "resumed_from": again.resumed_from} == {
+        "steps": 46, "resumed_from": summary["checkpoint"]}  # fmt: skip
+    assert_same_weights(all_weights(again.models), all_weights(full.models))
     assert history_records(tmp_path / "run") == history_records(tmp_path / "full")
 
 

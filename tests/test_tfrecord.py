@@ -14,7 +14,16 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import assert_same_weights, history_records, load_npz, model_weights, start_python
+from helpers import (
+    all_weights,
+    assert_same_weights,
+    history_records,
+    model_weights,
+    start_python,
+)
+from helpers import (
+    worker as import_worker,
+)
 
 import beatloop
 from beatloop import ConfigError, DataError
@@ -427,20 +436,17 @@ def test_a_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits_records):
     spec.update(epochs=2, seed=3, checkpoint_every=4)  # 10 steps an epoch; kill at 13
     full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
 
-    def start(**more):
-        return start_python(str(WORKER), json.dumps({**spec, **more}))
-
-    full = start(run_dir=str(full_dir), out=str(tmp_path / "full.npz"))
-    killed = start(run_dir=str(killed_dir), kill_at=13, out="unused")
-    _, err = killed.communicate(timeout=300)
+    resumable_run = import_worker("resumable_run")
+    # Only the killed run needs a process; the others are fitted here meanwhile.
+    killed_spec = {**spec, "run_dir": str(killed_dir), "kill_at": 13, "out": "unused"}
+    killed = start_python(str(WORKER), json.dumps(killed_spec))
+    try:
+        full = resumable_run.fit({**spec, "run_dir": str(full_dir)})
+    finally:
+        _, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, err
     assert len(history_records(killed_dir)) == 1  # epoch 1 finished, epoch 2 cut short
-    out, err = full.communicate(timeout=300)
-    assert full.returncode == 0, err
-    resumed = start(run_dir=str(killed_dir), out=str(tmp_path / "r.npz"))
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["resumed_from"].endswith("ckpt-5") and summary["steps"] == 20  # 0 4 8 10 12
-    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    resumed = resumable_run.fit({**spec, "run_dir": str(killed_dir)})
+    assert resumed.resumed_from.endswith("ckpt-5") and resumed.steps == 20  # 0 4 8 10 12
+    assert_same_weights(all_weights(resumed.models), all_weights(full.models))
     assert history_records(killed_dir) == history_records(full_dir)

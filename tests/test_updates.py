@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, load_npz, run_python, start_python
+from helpers import all_weights, assert_same_weights, run_python, start_python, worker
 from updates_recipe import Byol, build_byol_models, byol_data, hand_written_byol
 
 import beatloop
@@ -21,6 +21,7 @@ from beatloop import EMA, Act, Beat, Copy, Schedule, Update
 from beatloop.core.binding import bind
 
 WORKERS = Path(__file__).parent / "workers"
+updates_run = worker("updates_run")
 
 
 def fit_byol(recipe, data, epochs=2, **options):
@@ -208,16 +209,16 @@ def test_a_run_with_updates_killed_mid_epoch_resumes_bit_identical(tmp_path, fol
     spec = {"follow": follow, "every": 3, "epochs": 2, "checkpoint_every": 4}
     spec["steps_per_execution"] = 2
     worker = WORKERS / "updates_run.py"
-    full = {**spec, "run_dir": str(tmp_path / "full"), "out": str(tmp_path / "full.npz")}
-    run_python(worker, "resume", json.dumps(full))
     killed = {**spec, "run_dir": str(tmp_path / "killed"), "out": str(tmp_path / "no.npz")}
     process = start_python(worker, "resume", json.dumps({**killed, "kill_at": 10}))
-    _, err = process.communicate(timeout=300)
+    try:  # the uninterrupted run and the resume are fitted here: no process needed
+        full = updates_run.fit({**spec, "run_dir": str(tmp_path / "full")})
+    finally:
+        _, err = process.communicate(timeout=300)
     assert process.returncode == -signal.SIGKILL, err
-    out = run_python(worker, "resume", json.dumps({**killed, "out": str(tmp_path / "r.npz")}))
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["resumed_from"] is not None and summary["steps"] == 12
-    assert_same_weights(load_npz(tmp_path / "r.npz"), load_npz(tmp_path / "full.npz"))
+    resumed = updates_run.fit(killed)
+    assert resumed.resumed_from is not None and resumed.steps == 12
+    assert_same_weights(all_weights(resumed.models), all_weights(full.models))
 
 
 class ShownByol(Byol):

@@ -29,9 +29,10 @@ from resumable_run import SignalAt
 import beatloop
 
 
-def main(spec: dict) -> int:
-    kill = [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"], signal.SIGKILL)]
-    result = beatloop.fit(
+def fit(spec: dict, callbacks=()):
+    """The run ``spec`` describes, fitted in this process (the resume test fits its
+    reference and resumed runs so; only the killed one needs a process of its own)."""
+    return beatloop.fit(
         "dqn",
         config=spec.get("config"),
         epochs=spec["epochs"],
@@ -39,11 +40,21 @@ def main(spec: dict) -> int:
         run_dir=spec["run_dir"],
         checkpoint_every=spec.get("checkpoint_every"),
         steps_per_execution=spec.get("steps_per_execution", "auto"),
-        callbacks=kill,
+        callbacks=list(callbacks),
         progress=False,
     )
+
+
+def final(result) -> dict[str, np.ndarray]:
+    """A run's final weights and recipe state, keyed ``model/index`` and ``state/name``."""
     state = {f"state/{name}": v.numpy() for name, v in result.engine.bound.state.items()}
-    np.savez(spec["out"], **all_weights(result.models), **state)
+    return {**all_weights(result.models), **state}
+
+
+def main(spec: dict) -> int:
+    kill = [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"], signal.SIGKILL)]
+    result = fit(spec, kill)
+    np.savez(spec["out"], **final(result))
     print(json.dumps({"steps": result.steps, "resumed_from": result.resumed_from}), flush=True)
     return 0
 

@@ -23,14 +23,20 @@ from resumable_run import SignalAt
 import beatloop
 
 
-def main(spec: dict) -> int:
-    callbacks = [SignalAt(spec["kill_at"], signal.SIGKILL)] if spec.get("kill_at") else []
-    result = beatloop.fit(
+def fit(spec: dict, callbacks=()):
+    """The run ``spec`` describes, fitted in this process (the resume test fits its
+    reference and resumed runs so; only the killed one needs a process of its own)."""
+    return beatloop.fit(
         "multitask", config=PCGRAD, data=three_task_data(), epochs=spec["epochs"], seed=5,
         run_dir=spec["run_dir"], checkpoint_every=spec["checkpoint_every"],
-        steps_per_execution=spec.get("steps_per_execution", 1), callbacks=callbacks,
+        steps_per_execution=spec.get("steps_per_execution", 1), callbacks=list(callbacks),
         progress=False,
     )  # fmt: skip
+
+
+def main(spec: dict) -> int:
+    callbacks = [SignalAt(spec["kill_at"], signal.SIGKILL)] if spec.get("kill_at") else []
+    result = fit(spec, callbacks)
     np.savez(spec["out"], **all_weights(result.models))
     print(json.dumps({"steps": result.steps, "resumed_from": result.resumed_from}), flush=True)
     return 0

@@ -32,17 +32,23 @@ class KillAt(beatloop.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(spec: dict) -> int:
-    result = beatloop.fit(
+def fit(spec: dict, callbacks=()):
+    """The run ``spec`` describes, fitted in this process (the resume test fits its
+    reference and resumed runs so; only the killed one needs a process of its own)."""
+    return beatloop.fit(
         PretrainThenProbe,
         epochs=spec["epochs"],
         seed=3,
         run_dir=spec["run_dir"],
         checkpoint_every=spec["checkpoint_every"],
         steps_per_execution=1,
-        callbacks=[KillAt(spec["kill_at"])] if spec.get("kill_at") is not None else [],
+        callbacks=list(callbacks),
         progress=False,
     )
+
+
+def main(spec: dict) -> int:
+    result = fit(spec, [KillAt(spec["kill_at"])] if spec.get("kill_at") is not None else [])
     np.savez(spec["out"], **all_weights(result.models))
     print(json.dumps({"steps": result.steps, "resumed_from": result.resumed_from}), flush=True)
     return 0

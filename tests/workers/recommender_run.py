@@ -23,9 +23,10 @@ from resumable_run import SignalAt
 import beatloop
 
 
-def main(spec: dict) -> int:
-    kill = [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"], signal.SIGKILL)]
-    result = beatloop.fit(
+def fit(spec: dict, callbacks=()):
+    """The run ``spec`` describes, fitted in this process (the resume test fits its
+    reference and resumed runs so; only the killed one needs a process of its own)."""
+    return beatloop.fit(
         "recommender",
         config=spec.get("config"),
         epochs=spec["epochs"],
@@ -33,14 +34,24 @@ def main(spec: dict) -> int:
         run_dir=spec["run_dir"],
         checkpoint_every=spec.get("checkpoint_every"),
         steps_per_execution=spec.get("steps_per_execution", "auto"),
-        callbacks=kill,
+        callbacks=list(callbacks),
         progress=False,
     )
+
+
+def final(result) -> dict[str, np.ndarray]:
+    """A run's final weights and optimizer variables (``model/index``, ``optimizer/i``)."""
     slots = {
         f"optimizer/{i}": np.array(v.numpy())
         for i, v in enumerate(result.optimizers["optimizer"].variables)
     }
-    np.savez(spec["out"], **all_weights(result.models), **slots)
+    return {**all_weights(result.models), **slots}
+
+
+def main(spec: dict) -> int:
+    kill = [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"], signal.SIGKILL)]
+    result = fit(spec, kill)
+    np.savez(spec["out"], **final(result))
     print(json.dumps({"steps": result.steps, "resumed_from": result.resumed_from}), flush=True)
     return 0
 

@@ -47,27 +47,33 @@ class SignalAt(beatloop.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+def fit(spec: dict, callbacks=()):
+    """The run ``spec`` describes, fitted in this process (a test fits its reference
+    and resumed runs so; only the run that is killed needs a process of its own)."""
+    named = spec.get("data")  # {"source": "KIND:PATH", "settings": [...]}: as --data gives
+    data = NamedData(named["source"], tuple(named.get("settings", ()))) if named else None
+    return beatloop.fit(
+        spec["recipe"],
+        data=data,
+        config=spec.get("config"),
+        epochs=spec["epochs"],
+        seed=spec.get("seed"),
+        run_dir=spec["run_dir"],
+        checkpoint_every=spec.get("checkpoint_every"),
+        steps_per_execution=spec.get("steps_per_execution", 1),
+        callbacks=list(callbacks),
+        progress=False,
+    )
+
+
 def main(spec: dict) -> int:
     callbacks = []
     if spec.get("kill_at") is not None:
         callbacks.append(SignalAt(spec["kill_at"], signal.SIGKILL))
     if spec.get("full_disk_at") is not None:
         callbacks.append(FileSizeLimitAt(spec["full_disk_at"], 1024))
-    named = spec.get("data")  # {"source": "KIND:PATH", "settings": [...]}: as --data gives
-    data = NamedData(named["source"], tuple(named.get("settings", ()))) if named else None
     try:
-        result = beatloop.fit(
-            spec["recipe"],
-            data=data,
-            config=spec.get("config"),
-            epochs=spec["epochs"],
-            seed=spec.get("seed"),
-            run_dir=spec["run_dir"],
-            checkpoint_every=spec.get("checkpoint_every"),
-            steps_per_execution=spec.get("steps_per_execution", 1),
-            callbacks=callbacks,
-            progress=False,
-        )
+        result = fit(spec, callbacks)
     except beatloop.BeatloopError as error:
         print(f"error: {type(error).__name__}: {error}", flush=True)
         return 2

@@ -52,19 +52,25 @@ def callbacks(spec: dict) -> list:
     return made
 
 
+def fit(spec: dict, callbacks=()):
+    """The run ``spec`` describes, fitted in this process (a test fits its reference
+    and resumed runs so; the run a signal or a second run must meet has its own)."""
+    return beatloop.fit(
+        spec["recipe"],
+        config=spec.get("config"),
+        epochs=spec["epochs"],
+        seed=spec.get("seed"),
+        run_dir=spec["run_dir"],
+        checkpoint_every=spec.get("checkpoint_every"),
+        steps_per_execution=spec.get("steps_per_execution", 1),
+        callbacks=list(callbacks),
+        progress=False,
+    )
+
+
 def main(spec: dict) -> int:
     try:
-        result = beatloop.fit(
-            spec["recipe"],
-            config=spec.get("config"),
-            epochs=spec["epochs"],
-            seed=spec.get("seed"),
-            run_dir=spec["run_dir"],
-            checkpoint_every=spec.get("checkpoint_every"),
-            steps_per_execution=spec.get("steps_per_execution", 1),
-            callbacks=callbacks(spec),
-            progress=False,
-        )
+        result = fit(spec, callbacks(spec))
     except beatloop.RunInterrupted as error:
         print(json.dumps({"interrupted": str(error), "checkpoint": error.checkpoint}), flush=True)
         return error.exit_code

@@ -63,9 +63,10 @@ class SignalAt(beatloop.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def resume(spec: dict) -> None:
-    callbacks = [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"])]
-    result = beatloop.fit(
+def fit(spec: dict, callbacks=()):
+    """The ``resume`` run ``spec`` describes, fitted in this process (the tests fit the
+    reference and resumed runs so; only the killed one needs a process of its own)."""
+    return beatloop.fit(
         Byol(spec["follow"], every=spec["every"]),
         data=byol_data(count=96),
         epochs=spec["epochs"],
@@ -73,9 +74,13 @@ def resume(spec: dict) -> None:
         run_dir=spec["run_dir"],
         checkpoint_every=spec["checkpoint_every"],
         steps_per_execution=spec["steps_per_execution"],
-        callbacks=callbacks,
+        callbacks=list(callbacks),
         progress=False,
     )
+
+
+def resume(spec: dict) -> None:
+    result = fit(spec, [] if spec.get("kill_at") is None else [SignalAt(spec["kill_at"])])
     np.savez(spec["out"], **all_weights(result.models))
     print(json.dumps({"steps": result.steps, "resumed_from": result.resumed_from}), flush=True)
 
