@@ -4,6 +4,7 @@ validation in inference mode, events, and debug mode."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import (
     CountExecutions,
     TwoModels,
@@ -183,6 +184,29 @@ def test_stop_training_ends_after_the_epoch(small_digits):
     engine = engine_for(tuple_batches(train, 50), callbacks=[StopAfterFirst()])
     engine.fit(5)
     assert int(engine.state.epoch) == 1 and int(engine.state.step) == 4
+
+
+def test_fit_again_on_one_engine_trains_as_one_longer_fit(small_digits):
+    """A second ``fit`` continues the kept training iterator: a shuffled pipeline gives the
+    same batches as one fit of all the epochs (rebuilding the iterator from the same
+    ``tf.data`` object would draw later shuffle orders)."""
+    train, _ = small_digits
+
+    def shuffled():
+        data = tf.data.Dataset.from_tensor_slices((train["x"], train["y"]))
+        return data.shuffle(200, seed=3).batch(40)
+
+    keras.utils.set_random_seed(0)
+    twice = engine_for(shuffled())
+    twice.fit(1)
+    twice.fit(3)
+    keras.utils.set_random_seed(0)
+    once = engine_for(shuffled())
+    once.fit(3)
+    assert int(twice.state.step) == int(once.state.step) == 15
+    assert_same_weights(
+        model_weights(twice.bound.models["model"]), model_weights(once.bound.models["model"])
+    )
 
 
 def test_misspelled_event_method_is_an_error():
