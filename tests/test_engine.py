@@ -1,6 +1,11 @@
 """The engine: compiled loop, step counter, beats' repeat/every/transform/training,
 validation in inference mode, events, and debug mode."""
 
+import gc
+import threading
+import time
+import weakref
+
 import keras
 import numpy as np
 import pytest
@@ -207,6 +212,48 @@ def test_fit_again_on_one_engine_trains_as_one_longer_fit(small_digits):
     assert_same_weights(
         model_weights(twice.bound.models["model"]), model_weights(once.bound.models["model"])
     )
+
+
+def _destroyed_on(iterator) -> list[str]:
+    """Fills with the name of the thread that destroys ``iterator``."""
+    threads: list[str] = []
+    weakref.finalize(iterator, lambda: threads.append(threading.current_thread().name))
+    return threads
+
+
+def _wait_for(threads: list[str]) -> list[str]:
+    deadline = time.monotonic() + 60
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threads
+
+
+def test_a_freed_engine_destroys_its_kept_iterator_on_a_thread_of_its_own(small_digits):
+    """Destroying a ``tf.data`` iterator waits for its autotuning thread (up to a minute):
+    a garbage collection freeing a forgotten engine must not wait for it."""
+    train, _ = small_digits
+    engine = engine_for(tuple_batches(train, 50))
+    engine.fit(1)
+    threads = _destroyed_on(engine.stream._current[0])
+    engine.itself = engine  # only a collection frees it
+    del engine
+    gc.collect()
+    assert _wait_for(threads) == ["beatloop-iterator-release"]
+
+
+def test_a_kept_error_holds_no_iterator_and_the_caller_s_frames_keep_their_locals(small_digits):
+    """An error kept after a failed fit (in a notebook, by ``pytest.raises``) must not keep
+    the iterator alive in its traceback's frames, for a later collection to wait on."""
+    train, _ = small_digits
+    engine = engine_for(tuple_batches(dict(train, y=np.full_like(train["y"], 99)), 50))
+    with pytest.raises(beatloop.DataError, match="99") as caught:
+        engine.fit(1)
+    assert caught.tb.tb_frame.f_locals["engine"] is engine  # the caller's frame is untouched
+    iterator = engine.stream._current.pop()
+    threads = _destroyed_on(iterator)
+    del iterator  # the stream let go of it: nothing in the kept error holds it
+    assert threads == [threading.current_thread().name]
+    assert isinstance(caught.value.__context__, tf.errors.InvalidArgumentError)  # kept whole
 
 
 def test_misspelled_event_method_is_an_error():

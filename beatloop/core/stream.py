@@ -14,13 +14,14 @@ over), and destroying one joins its autotuning thread, waiting while that thread
 passes are the repetitions of one iterator over the data repeated endlessly, each call
 asking for no more than the pass has left: the repetitions give the same batches in
 the same order as one iterator a pass. Other iterators the stream is done with go to
-``IteratorReleaser``, which destroys them on a thread of its own.
+``IteratorReleaser``, which destroys them on a thread of its own; so does the kept one
+when the stream is freed, and a call that raises leaves no iterator in its error's
+traceback (``beatloop.core.letting_go``).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import weakref
 
 import tensorflow as tf
 
@@ -29,41 +30,10 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.counters import Counters
 from beatloop.core.data_origin import refuse_endless_loop_data
 from beatloop.core.errors import DataError
+from beatloop.core.letting_go import IteratorReleaser, forget_library_locals, release_apart
 from beatloop.core.loop import CallResult, CompiledLoop
 from beatloop.core.replicas import splits_batches
 from beatloop.core.sharding import as_one_device, warn_if_not_one_device
-
-
-class IteratorReleaser:
-    """Destroys iterators on a thread of its own, in the order they are released.
-
-    ``release`` takes a list holding the iterator, so that the list is the iterator's last
-    reference and clearing it on the releasing thread is what destroys it. ``wait``
-    returns once every released iterator is gone (a run calls it at its end, so no
-    TensorFlow work is left running behind it).
-    """
-
-    def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def release(self, holder: list) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._drain, name="beatloop-iterator-release", daemon=True
-            )
-            self._thread.start()
-        self._queue.put(holder)
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-
-    def _drain(self) -> None:
-        while (holder := self._queue.get()) is not None:
-            holder.clear()
 
 
 class DataStream:
@@ -94,6 +64,7 @@ class DataStream:
         self._train = split.train.repeat() if self._length else self._passes
         self._validation = _distributed(strategy, split.validation)
         self._current: list = []  # the training iterator, while it is kept
+        weakref.finalize(self, release_apart, self._current).atexit = False
         self._open = False  # a pass is open
         self._taken = 0  # batches taken from the open pass
         self._releaser = IteratorReleaser()
@@ -108,14 +79,18 @@ class DataStream:
         crosses the end of a pass: at most the pass's remaining batches are asked for."""
         if not self._open:
             if not self._current:
-                self._current = [iter(self._train)]
+                self._current.append(iter(self._train))
             self.counters.open_pass()
             self._open, self._taken = True, 0
         if self._length:
             limit = min(limit, self._length - self._taken)
             if limit == 0:
                 return CallResult(0)
-        result = self._call(loop, self._current[0], limit)
+        try:
+            result = self._call(loop, self._current[0], limit)
+        except BaseException as error:
+            forget_library_locals(error)
+            raise
         self._taken += result.ran
         return result
 
@@ -137,6 +112,9 @@ class DataStream:
         try:
             while self._call(loop, current[0], limit).ran == limit:
                 pass
+        except BaseException as error:
+            forget_library_locals(error)
+            raise
         finally:
             self._releaser.release(current)
 
@@ -153,7 +131,7 @@ class DataStream:
         for _ in range(passes - 1 if self._open else passes):
             iter(self._passes)  # never read from: dropping it costs nothing
         if self._open:
-            self._current = [iter(self._train)]
+            self._current.append(iter(self._train))
             within = taken if self._length is None else min(taken, self._length)
             skipped = self._taken = int(_skip(self._current[0], tf.constant(within, tf.int64)))
             if skipped != taken:
@@ -173,8 +151,7 @@ class DataStream:
 
     def _let_go(self) -> None:
         if self._current:
-            self._releaser.release(self._current)
-            self._current = []
+            self._releaser.release([self._current.pop()])
 
 
 @tf.function(reduce_retracing=True)
