@@ -2,6 +2,8 @@
 validation in inference mode, events, and debug mode."""
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -239,6 +241,27 @@ def test_a_freed_engine_destroys_its_kept_iterator_on_a_thread_of_its_own(small_
     del engine
     gc.collect()
     assert _wait_for(threads) == ["beatloop-iterator-release"]
+
+
+def test_a_process_exiting_waits_for_the_iterators_being_destroyed_apart(tmp_path):
+    """A thread still inside a destructor when the interpreter shuts down would be unwound
+    through it (an abort in TensorFlow's): exit waits for them. A slow destructor stands in
+    for the iterator's."""
+    done = tmp_path / "destroyed"
+    code = f"""
+import time
+from beatloop.core.letting_go import release_apart
+
+class Slow:
+    def __del__(self):
+        time.sleep(1.5)
+        open({str(done)!r}, "w").write("yes")
+
+release_apart([Slow()])
+"""
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    assert done.read_text() == "yes"
 
 
 def test_a_kept_error_holds_no_iterator_and_the_caller_s_frames_keep_their_locals(small_digits):

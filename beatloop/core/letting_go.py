@@ -4,15 +4,18 @@ Destroying an iterator joins its autotuning thread, which may be asleep for up t
 minute between optimisations: whoever drops the last reference waits. A run hands the
 iterators it is done with to ``IteratorReleaser``; the one a data stream still keeps when
 it is freed (often by a garbage collection of a forgotten engine) goes to
-``release_apart``; and an error raised through a compiled call clears the locals of the
-finished library frames in its traceback (``forget_library_locals``), where the iterator
-was an argument, so that an error kept in a notebook or a test keeps no iterator alive.
+``release_apart``, a thread of its own that the process waits for at exit; and an error
+raised through a compiled call clears the locals of the finished library frames in its
+traceback (``forget_library_locals``), where the iterator was an argument, so that an
+error kept in a notebook or a test keeps no iterator alive.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
+import sys
 import threading
 
 
@@ -48,12 +51,52 @@ class IteratorReleaser:
             holder.clear()
 
 
+class ApartReleases:
+    """Threads each destroying one freed stream's iterator. The process waits for them
+    at exit (``atexit``, registered on first use): a thread still inside TensorFlow's
+    destructor when the interpreter shuts down would be unwound through it, and that
+    aborts the process."""
+
+    def __init__(self):
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def start(self, holder: list) -> None:
+        if sys.is_finalizing():  # no new thread now: destroy it here
+            holder.clear()
+            return
+        thread = threading.Thread(
+            target=self._destroy, args=(holder,), name="beatloop-iterator-release", daemon=True
+        )
+        with self._lock:
+            if not self._registered:
+                atexit.register(self.wait)
+                self._registered = True
+            self._threads.add(thread)
+        thread.start()
+
+    def wait(self) -> None:
+        """Until every iterator handed over is destroyed."""
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join()
+
+    def _destroy(self, holder: list) -> None:
+        holder.clear()
+        with self._lock:
+            self._threads.discard(threading.current_thread())
+
+
+APART = ApartReleases()
+
+
 def release_apart(kept: list) -> None:
     """A freed stream's kept iterator, destroyed on a thread of its own (``kept`` is its
     last reference once the stream is gone)."""
     if kept:
-        holder = [kept.pop()]
-        threading.Thread(target=holder.clear, name="beatloop-iterator-release", daemon=True).start()
+        APART.start([kept.pop()])
 
 
 _LIBRARIES = ("beatloop.core.", "tensorflow.", "keras.")
