@@ -250,13 +250,14 @@ def test_a_process_exiting_waits_for_the_iterators_being_destroyed_apart(tmp_pat
     done = tmp_path / "destroyed"
     code = f"""
 import time
-from beatloop.core.letting_go import release_apart
+from beatloop.core.letting_go import APART, release_apart
 
 class Slow:
     def __del__(self):
         time.sleep(1.5)
         open({str(done)!r}, "w").write("yes")
 
+APART.start()  # as a data stream does when it is made
 release_apart([Slow()])
 """
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

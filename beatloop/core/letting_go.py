@@ -32,12 +32,20 @@ class IteratorReleaser:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def release(self, holder: list) -> None:
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Start the releasing thread, if it is not running (``release`` does)."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._drain, name="beatloop-iterator-release", daemon=True
             )
             self._thread.start()
+
+    def release(self, holder: list) -> None:
+        self.start()
         self._queue.put(holder)
 
     def wait(self) -> None:
@@ -51,52 +59,38 @@ class IteratorReleaser:
             holder.clear()
 
 
-class ApartReleases:
-    """Threads each destroying one freed stream's iterator. The process waits for them
-    at exit (``atexit``, registered on first use): a thread still inside TensorFlow's
-    destructor when the interpreter shuts down would be unwound through it, and that
-    aborts the process."""
+class ProcessReleaser(IteratorReleaser):
+    """The process's one thread for the iterators of freed streams. It is started where
+    a stream is made, so that a garbage collection freeing one only queues to it
+    (``SimpleQueue.put`` is safe there; starting a thread is not), and the process waits
+    for it at exit: a thread still inside TensorFlow's destructor when the interpreter
+    shuts down would be unwound through it, and that aborts the process."""
 
     def __init__(self):
-        self._threads: set[threading.Thread] = set()
-        self._lock = threading.Lock()
-        self._registered = False
+        super().__init__()
+        self._at_exit = False
 
-    def start(self, holder: list) -> None:
-        if sys.is_finalizing():  # no new thread now: destroy it here
-            holder.clear()
-            return
-        thread = threading.Thread(
-            target=self._destroy, args=(holder,), name="beatloop-iterator-release", daemon=True
-        )
-        with self._lock:
-            if not self._registered:
-                atexit.register(self.wait)
-                self._registered = True
-            self._threads.add(thread)
-        thread.start()
-
-    def wait(self) -> None:
-        """Until every iterator handed over is destroyed."""
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join()
-
-    def _destroy(self, holder: list) -> None:
-        holder.clear()
-        with self._lock:
-            self._threads.discard(threading.current_thread())
+    def start(self) -> None:
+        super().start()
+        if not self._at_exit:
+            atexit.register(self.wait)
+            self._at_exit = True
 
 
-APART = ApartReleases()
+APART = ProcessReleaser()
 
 
 def release_apart(kept: list) -> None:
-    """A freed stream's kept iterator, destroyed on a thread of its own (``kept`` is its
-    last reference once the stream is gone)."""
-    if kept:
-        APART.start([kept.pop()])
+    """A freed stream's kept iterator, destroyed on ``APART``'s thread (``kept`` is its
+    last reference once the stream is gone); here when that thread is not running (at
+    exit, or no stream started it)."""
+    if not kept:
+        return
+    holder = [kept.pop()]
+    if APART.started and not sys.is_finalizing():
+        APART.release(holder)
+    else:
+        holder.clear()
 
 
 _LIBRARIES = ("beatloop.core.", "tensorflow.", "keras.")

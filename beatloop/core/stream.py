@@ -30,7 +30,7 @@ from beatloop.core.batches import DataSplit
 from beatloop.core.counters import Counters
 from beatloop.core.data_origin import refuse_endless_loop_data
 from beatloop.core.errors import DataError
-from beatloop.core.letting_go import IteratorReleaser, forget_library_locals, release_apart
+from beatloop.core.letting_go import APART, IteratorReleaser, forget_library_locals, release_apart
 from beatloop.core.loop import CallResult, CompiledLoop
 from beatloop.core.replicas import splits_batches
 from beatloop.core.sharding import as_one_device, warn_if_not_one_device
@@ -64,6 +64,7 @@ class DataStream:
         self._train = split.train.repeat() if self._length else self._passes
         self._validation = _distributed(strategy, split.validation)
         self._current: list = []  # the training iterator, while it is kept
+        APART.start()  # here, not in the collection that may free the stream
         weakref.finalize(self, release_apart, self._current).atexit = False
         self._open = False  # a pass is open
         self._taken = 0  # batches taken from the open pass
