@@ -265,6 +265,22 @@ release_apart([Slow()])
     assert done.read_text() == "yes"
 
 
+def test_a_forked_child_starts_its_own_releasing_thread():
+    code = """
+import os
+from beatloop.core.letting_go import APART
+
+APART.start()
+pid = os.fork()
+if pid == 0:
+    os._exit(10 + APART.started)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), APART.started)
+"""
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert finished.stdout.split() == ["10", "True"], finished.stderr
+
+
 def test_a_kept_error_holds_no_iterator_and_the_caller_s_frames_keep_their_locals(small_digits):
     """An error kept after a failed fit (in a notebook, by ``pytest.raises``) must not keep
     the iterator alive in its traceback's frames, for a later collection to wait on."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import queue
 import sys
 import threading
@@ -68,13 +69,17 @@ class ProcessReleaser(IteratorReleaser):
 
     def __init__(self):
         super().__init__()
-        self._at_exit = False
+        self._hooked = False
 
     def start(self) -> None:
         super().start()
-        if not self._at_exit:
+        if not self._hooked:
             atexit.register(self.wait)
-            self._at_exit = True
+            os.register_at_fork(after_in_child=self._forget)  # the thread is not forked
+            self._hooked = True
+
+    def _forget(self) -> None:
+        self._queue, self._thread = queue.SimpleQueue(), None
 
 
 APART = ProcessReleaser()
