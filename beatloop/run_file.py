@@ -129,7 +129,7 @@ def _checked(key: str, value: Any, action) -> Any:
         return value
     if key == "data_set":  # a table of the data source's parameters, or NAME=VALUE texts
         if isinstance(value, dict):
-            return [f"{name}={_setting_text(v)}" for name, v in value.items()]
+            return [f"{name}={setting_text(v)}" for name, v in value.items()]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return value
         raise ConfigError(f"[data_set] expects NAME = value entries, got {value!r}")
@@ -167,12 +167,12 @@ def _checked(key: str, value: Any, action) -> Any:
     return value
 
 
-def _setting_text(value: Any) -> str:
+def setting_text(value: Any) -> str:
     """A TOML value as ``--data-set NAME=VALUE`` writes it (``28,28``, ``true``)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):
-        return ",".join(_setting_text(v) for v in value)
+        return ",".join(setting_text(v) for v in value)
     return str(value)
 
 

@@ -137,6 +137,20 @@ def gan_data(count: int, batch_size: int = 32) -> tf.data.Dataset:
     return dict_batches({"x": train["x"]}, batch_size, count)
 
 
+def model_variables(run_dir) -> dict[str, np.ndarray]:
+    """Every model and optimizer variable, and the run's generator, in a run dir's latest
+    checkpoint."""
+    path = tf.train.latest_checkpoint(str(Path(run_dir) / "checkpoints"))
+    reader = tf.train.load_checkpoint(path)
+    names = [
+        n
+        for n, _ in tf.train.list_variables(path)
+        if n.startswith(("model_variables", "optimizers", "random"))
+    ]
+    assert names
+    return {name: reader.get_tensor(name) for name in names}
+
+
 def history_records(run_dir) -> list[dict]:
     """The rows of a run dir's ``history.jsonl``, one an epoch, as the run logged them."""
     lines = (Path(run_dir) / "history.jsonl").read_text().splitlines()

@@ -1,30 +1,15 @@
 """Runs described in files: a TOML run file, and a recorded run.json replayed bit for bit."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from helpers import model_variables
 
 from beatloop.cli import main
 
 TINY = 'recipe = "supervised"\nepochs = 2\nseed = 3\nquiet = true\n'
 FIELDS = "[config]\nhidden = 8\nbatch_size = 256\ndropout = 0.25\n"
-
-
-def model_variables(run_dir: Path) -> dict[str, np.ndarray]:
-    """Every model and optimizer variable, and the run's generator, in a run dir's latest
-    checkpoint."""
-    path = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
-    reader = tf.train.load_checkpoint(path)
-    names = [
-        n
-        for n, _ in tf.train.list_variables(path)
-        if n.startswith(("model_variables", "optimizers", "random"))
-    ]
-    assert names
-    return {name: reader.get_tensor(name) for name in names}
 
 
 def run(argv, capsys) -> tuple[int, str, str]:

@@ -12,11 +12,12 @@ import beatloop.cli.cmd_export as cmd_export
 import beatloop.cli.cmd_list as cmd_list
 import beatloop.cli.cmd_run as cmd_run
 import beatloop.cli.cmd_show as cmd_show
+import beatloop.cli.cmd_tune as cmd_tune
 from beatloop.cli.options import HelpFormatter, exit_codes
 from beatloop.cli.version import VersionAction
 
 #: The command modules, each with ``NAME``, ``add_command(commands)`` and ``run(args)``.
-COMMANDS = (cmd_list, cmd_show, cmd_run, cmd_compare, cmd_data, cmd_export, cmd_evaluate)
+COMMANDS = (cmd_list, cmd_show, cmd_run, cmd_compare, cmd_tune, cmd_data, cmd_export, cmd_evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,107 @@
+"""The tuning wing: Optuna studies over a recipe's config (``beatloop tune RECIPE``,
+``beatloop.tuning``).
+
+A study searches a space of config fields (``space.py``), each trial a run of its own
+in its own process (``trial.py``) and run dir, judged by one logged figure; the study
+lives in an Optuna storage, SQLite in the study's dir by default (``study.py``), and
+leaves a table, ``best.toml`` and plots (``report.py``). To add a kind of search
+dimension, extend ``space.KINDS`` and ``Dimension.distribution``. Optuna comes with the
+``[tune]`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from beatloop.tuning.spec import StudySpec
+
+
+@attrs.frozen
+class TuneResult:
+    """A finished study: its spec, the Optuna study, and what it wrote."""
+
+    spec: StudySpec
+    study: object
+    best_toml: Path | None
+    plots: tuple[Path, ...]
+
+    @property
+    def best_config(self) -> dict | None:
+        """The best trial's whole config overrides, or None without a finished trial."""
+        from beatloop.tuning.report import best_trials
+        from beatloop.tuning.trial import trial_config
+
+        best = best_trials(self.study, self.spec, top=1)
+        return trial_config(self.spec, best[0].params) if best else None
+
+
+def tune(
+    recipe: str,
+    space: Sequence[str] | Mapping[str, str],
+    *,
+    out: str | Path,
+    trials: int = 20,
+    epochs: int = 3,
+    seed: int = 0,
+    jobs: int = 1,
+    objective: str | None = None,
+    pruner: str = "median",
+    storage: str | None = None,
+    study_name: str | None = None,
+    settings: Sequence[str] = (),
+    steps_per_execution: int | str = "auto",
+    data: str | None = None,
+    data_settings: Sequence[str] = (),
+    validation_data: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> TuneResult:
+    """Search ``space`` (``["learning_rate=log:1e-4:1e-1"]`` or ``{"learning_rate":
+    "log:1e-4:1e-1"}``) of ``recipe``'s config for the best ``objective`` (``"val_loss:min"``;
+    default: the recipe's quality figure) in ``trials`` runs of ``epochs``, ``jobs`` at
+    once, each in its own process and run dir under ``out``. A study already in the
+    storage continues: a trial a killed command left resumes from its checkpoint."""
+    from beatloop.core.config import parse_settings
+    from beatloop.core.errors import ConfigError
+    from beatloop.plugins.registry import get_recipe
+    from beatloop.tuning.report import write_best_toml, write_plots
+    from beatloop.tuning.space import parse_space
+    from beatloop.tuning.spec import PRUNERS, parse_objective
+    from beatloop.tuning.study import run_study
+
+    try:
+        import optuna  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(
+            "beatloop tune needs Optuna, which comes with the tune extra: "
+            "pip install 'beatloop[tune]'"
+        ) from error
+    if pruner not in PRUNERS:
+        raise ConfigError(f"--pruner expects one of {', '.join(PRUNERS)}, got {pruner!r}")
+    texts = [f"{k}={v}" for k, v in space.items()] if isinstance(space, Mapping) else list(space)
+    cls = get_recipe(recipe)
+    owner = f"recipe {recipe!r}"
+    fixed = parse_settings(settings, cls.Config, owner)
+    parse_space(texts, cls.Config, owner, fixed)  # every name and range, before any trial
+    spec = StudySpec(
+        recipe=recipe,
+        space=tuple(texts),
+        objective=parse_objective(objective, cls.quality_figure, recipe),
+        out=Path(out),
+        fixed=tuple(settings),
+        trials=trials,
+        epochs=epochs,
+        seed=seed,
+        pruner=pruner,
+        storage=storage,
+        study_name=study_name,
+        steps_per_execution=steps_per_execution,
+        data=data,
+        data_settings=tuple(data_settings),
+        validation_data=validation_data,
+    )
+    study = run_study(spec, jobs=jobs, echo=echo)
+    best = write_best_toml(study, spec, spec.out / "best.toml")
+    return TuneResult(spec, study, best, tuple(write_plots(study, spec.out)))

@@ -1,0 +1,223 @@
+"""Running a study: open it in its storage (made, or checked against the command that
+made it), resume the trials a killed command left, and keep ``jobs`` trial processes
+going until the study holds ``trials`` trials. Several commands, on one machine or
+several sharing a storage URL, may run one study together: each asks the study for the
+next trial, and a trial's process tells the study how it ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from beatloop.core.errors import ConfigError
+from beatloop.tuning.spec import StudySpec, spec_to_json
+
+#: A trial's user attributes: the machine and the command that started it last.
+HOST, PID = "host", "pid"
+
+
+def _pruner(spec: StudySpec):
+    import optuna
+
+    if spec.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=spec.epochs)
+    return optuna.pruners.NopPruner()
+
+
+def _storage(spec: StudySpec):
+    import optuna
+
+    url = spec.storage_url
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as error:  # SQLAlchemy's errors name the URL's problem
+        raise ConfigError(f"--storage {url}: {error}") from None
+
+
+def load_study(spec: StudySpec, create: bool = False):
+    """The study ``spec`` names, made first where ``create`` allows; a study made with
+    another recipe, space, objective or budget is refused (its trials would not compare)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=spec.seed)
+    study = optuna.create_study(
+        storage=_storage(spec),
+        study_name=spec.name,
+        direction=spec.objective.optuna_direction,
+        sampler=sampler,
+        pruner=_pruner(spec),
+        load_if_exists=True,
+    ) if create else optuna.load_study(
+        study_name=spec.name, storage=_storage(spec), sampler=sampler, pruner=_pruner(spec)
+    )  # fmt: skip
+    made_with = study.user_attrs.get("spec")
+    if made_with is None:
+        study.set_user_attr("spec", spec.identity())
+    elif made_with != spec.identity():
+        changed = sorted(k for k in made_with if made_with[k] != spec.identity().get(k))
+        raise ConfigError(
+            f"study {spec.name!r} in {spec.storage_url} was made with other "
+            + ", ".join(f"{k} ({made_with[k]!r})" for k in changed)
+            + ": give the same ones, or another --out / --study-name for a new study"
+        )
+    return study
+
+
+def live_trial(study, number: int):
+    """Trial ``number`` of ``study`` as an ``optuna.trial.Trial`` that reports and tells."""
+    import optuna
+
+    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    return optuna.trial.Trial(study, frozen._trial_id)
+
+
+def orphaned(study, spec: StudySpec) -> list[int]:
+    """The running trials this machine started whose command is gone and whose run dir
+    no process holds: a killed study's, to be resumed."""
+    from optuna.trial import TrialState
+
+    from beatloop.core.errors import RunDirError
+    from beatloop.core.run_lock import RunDirLock
+
+    found = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        attrs = trial.user_attrs
+        if attrs.get(HOST) != socket.gethostname() or _alive(attrs.get(PID)):
+            continue
+        run_dir = spec.trial_dir(trial.number)
+        if run_dir.is_dir():
+            try:
+                RunDirLock.acquire(run_dir).release()
+            except RunDirError:
+                continue  # a process trains it still
+        found.append(trial.number)
+    return found
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class TrialProcesses:
+    """The trial processes this command runs, each logging to ``OUT/logs/trial-N.log``."""
+
+    def __init__(self, spec: StudySpec, echo: Callable[[str], None]):
+        self.spec = spec
+        self.echo = echo
+        self.running: dict[int, tuple[subprocess.Popen, object]] = {}
+
+    def start(self, study, number: int) -> None:
+        trial = live_trial(study, number)
+        trial.set_user_attr(HOST, socket.gethostname())
+        trial.set_user_attr(PID, os.getpid())
+        log_path = self.log(number)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 (closed when it ends)
+        command = [sys.executable, "-m", "beatloop.tuning.trial"]
+        command += [json.dumps(spec_to_json(self.spec)), str(number)]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.running[number] = (process, log)
+
+    def log(self, number: int) -> Path:
+        return self.spec.out / "logs" / f"trial-{number:04d}.log"
+
+    def finished(self) -> list[tuple[int, int]]:
+        """The trials whose process ended since the last call, with exit statuses."""
+        ended = []
+        for number, (process, log) in list(self.running.items()):
+            if process.poll() is not None:
+                log.close()
+                del self.running[number]
+                ended.append((number, process.returncode))
+        return ended
+
+    def stop_all(self) -> None:
+        for process, log in self.running.values():
+            process.kill()
+            process.wait()
+            log.close()
+        self.running.clear()
+
+
+def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = print):
+    """Run ``spec``'s study to ``spec.trials`` trials, ``jobs`` at once; the study."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    spec.out.mkdir(parents=True, exist_ok=True)
+    study = load_study(spec, create=True)
+    distributions = _distributions(spec)
+    waiting = orphaned(study, spec)
+    if waiting:
+        echo(f"resuming trial(s) {', '.join(map(str, waiting))} of a study that was stopped")
+    processes = TrialProcesses(spec, echo)
+    try:
+        while True:
+            for number, status in processes.finished():
+                _report_end(study, spec, number, status, processes.log(number), echo)
+            if len(processes.running) < jobs:
+                if waiting:
+                    processes.start(study, waiting.pop(0))
+                    continue
+                if len(study.get_trials(deepcopy=False)) < spec.trials:
+                    trial = study.ask(distributions)
+                    echo(f"trial {trial.number}: {_point(trial.params)}")
+                    processes.start(study, trial.number)
+                    continue
+            if not processes.running:
+                return study
+            time.sleep(0.1)
+    finally:
+        processes.stop_all()
+
+
+def _distributions(spec: StudySpec) -> dict:
+    from beatloop.plugins.registry import get_recipe
+    from beatloop.tuning.space import parse_space
+
+    cls = get_recipe(spec.recipe)
+    return parse_space(spec.space, cls.Config, f"recipe {spec.recipe!r}").distributions()
+
+
+def _point(params: dict) -> str:
+    return "  ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
+    )
+
+
+def _report_end(study, spec: StudySpec, number: int, status: int, log: Path, echo) -> None:
+    """Say how trial ``number`` ended; a trial whose objective is no logged figure ends
+    the study (every trial would fail alike)."""
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    state = trial.state.name.lower()
+    if state == "complete":
+        echo(f"trial {number}: {spec.objective.name} {trial.value:.6g}")
+    elif state == "pruned":
+        echo(f"trial {number}: pruned after epoch {trial.last_step + 1}")
+    elif state == "fail":
+        echo(f"trial {number}: failed: {trial.user_attrs.get('error', f'see {log}')}")
+        if trial.user_attrs.get("abort"):
+            raise ConfigError(trial.user_attrs["error"])
+    else:
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        last = lines[-1] if lines else "no output"
+        echo(f"trial {number}: its process ended with status {status}, the trial unfinished "
+             f"({last}); the same command resumes it")  # fmt: skip

@@ -1,0 +1,205 @@
+"""`beatloop tune`: search spaces checked against a recipe's config before any trial,
+studies whose trials are replayable run dirs, several commands on one study, and a
+killed study that resumes with no trial lost or repeated."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+import tomllib
+
+import numpy as np
+import optuna
+import pytest
+from helpers import model_variables, start_python
+
+from beatloop.cli import main
+from beatloop.core.errors import ConfigError
+from beatloop.recipes.supervised import SupervisedConfig
+from beatloop.tuning.report import format_trials, write_best_toml
+from beatloop.tuning.space import parse_space
+from beatloop.tuning.spec import Objective, StudySpec, parse_objective
+
+SMALL = ["--set", "batch_size=256", "--epochs", "2"]
+SPACE = ["--space", "learning_rate=log:1e-3:1e-1", "--space", "hidden=int:4:16"]
+
+
+def space_error(*texts: str, fixed=None) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_space(texts, SupervisedConfig, "recipe 'supervised'", fixed)
+    return str(caught.value)
+
+
+def test_a_space_is_parsed_into_optuna_distributions_and_back_into_config_values():
+    space = parse_space(
+        ["learning_rate=log:1e-4:0.1", "hidden=int:8:64", "dropout=float:0:0.5",
+         "optimizer=choice:adam,sgd"], SupervisedConfig, "recipe 'supervised'",
+    )  # fmt: skip
+    found = space.distributions()
+    assert found["learning_rate"] == optuna.distributions.FloatDistribution(1e-4, 0.1, log=True)
+    assert found["hidden"] == optuna.distributions.IntDistribution(8, 64)
+    assert found["dropout"] == optuna.distributions.FloatDistribution(0.0, 0.5)
+    assert found["optimizer"] == optuna.distributions.CategoricalDistribution(["adam", "sgd"])
+    params = {"learning_rate": 0.01, "hidden": 9, "dropout": 0.25, "optimizer": "sgd"}
+    assert space.overrides(params, SupervisedConfig, "x") == params
+    assert space.texts[0] == "learning_rate=log:0.0001:0.1"
+
+
+def test_a_bad_space_names_the_field_and_what_is_wrong():
+    assert "no config field 'lerning_rate' (did you mean 'learning_rate'?)" in space_error(
+        "lerning_rate=log:1e-4:1e-1"
+    )
+    assert "unknown kind 'lg' (did you mean 'log'?)" in space_error("learning_rate=lg:1:2")
+    assert "hidden is int: use int:LOW:HIGH" in space_error("hidden=float:1:5").replace("'", "")
+    assert "'hidden' must be > 0" in space_error("hidden=int:0:5")  # the field's validator
+    assert "'dropout' must be < 1" in space_error("dropout=float:0:1")
+    assert "both ends must be above 0" in space_error("dropout=log:0:0.5")
+    assert "LOW must be below HIGH" in space_error("hidden=int:9:3")
+    assert "'sgdd' is not a valid value" in space_error("optimizer=choice:adam,sgdd")
+    assert "expects FIELD=KIND:" in space_error("hidden")
+    assert "given twice" in space_error("hidden=int:1:4", "hidden=int:2:8")
+    assert "also fixed by --set hidden" in space_error("hidden=int:1:4", fixed={"hidden": 3})
+    # Every problem at once, each named.
+    both = space_error("hiden=int:1:4", "dropout=float:0:2")
+    assert "'hiden'" in both and "'dropout' must be < 1" in both
+
+
+def test_the_objective_is_the_recipes_quality_figure_unless_named():
+    assert parse_objective(None, ("val_accuracy", "max"), "supervised") == Objective(
+        "val_accuracy", "max"
+    )
+    assert parse_objective("val_loss:min", None, "x") == Objective("val_loss", "min")
+    with pytest.raises(ConfigError, match="declares no quality figure"):
+        parse_objective(None, None, "style_transfer")
+    with pytest.raises(ConfigError, match="FIGURE:min or FIGURE:max"):
+        parse_objective("val_loss:lowest", None, "x")
+
+
+def test_the_table_and_best_toml_come_from_the_best_finished_trial(tmp_path):
+    spec = StudySpec("supervised", ("learning_rate=log:1e-4:1e-1",), Objective("val_loss", "min"),
+                     tmp_path, fixed=("batch_size=256",), epochs=2, seed=5)  # fmt: skip
+    study = optuna.create_study(direction="minimize")
+    distribution = {"learning_rate": optuna.distributions.FloatDistribution(1e-4, 0.1, log=True)}
+    for value, rate in [(0.9, 0.01), (0.3, 0.0123456789012345), (0.5, 0.001)]:
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"learning_rate": rate},
+                distributions=distribution,
+                value=value,
+                intermediate_values={0: value + 0.1, 1: value},
+            )
+        )
+    table = format_trials(study, spec)
+    assert "3 complete" in table
+    assert [line.split()[0] for line in table.splitlines()[3:]] == ["1", "2", "0"]
+    best = tomllib.loads(write_best_toml(study, spec, tmp_path / "best.toml").read_text())
+    assert best["recipe"] == "supervised" and (best["epochs"], best["seed"]) == (2, 5)
+    # The float round-trips exactly: a replay trains the very same config.
+    assert best["config"] == {"batch_size": 256, "learning_rate": 0.0123456789012345}
+
+
+def test_a_bad_space_on_the_command_line_is_a_usage_error_before_any_trial(tmp_path, capsys):
+    out = tmp_path / "study"
+    code = main(["tune", "supervised", "--space", "hiden=int:4:16", "--out", str(out)])
+    assert code == 2
+    assert "--space hiden" in capsys.readouterr().err
+    assert not out.exists()
+    (tmp_path / "tune.toml").write_text(
+        'recipe = "supervised"\ntrails = 3\n[space]\nhidden = "int:4:8"\n'
+    )
+    assert main(["tune", "--config", str(tmp_path / "tune.toml"), "--out", str(out)]) == 2
+    assert "unknown key(s) 'trails' (did you mean 'trials'?)" in capsys.readouterr().err
+
+
+def trials_of(out) -> list:
+    study = optuna.load_study(study_name="supervised", storage=f"sqlite:///{out / 'study.db'}")
+    return study.get_trials(deepcopy=False)
+
+
+@pytest.mark.slow
+def test_a_four_trial_study_on_two_jobs_finishes_and_its_best_trial_replays_bit_for_bit(
+    tmp_path, capsys
+):
+    out = tmp_path / "study"
+    assert main(["tune", "supervised", *SPACE, *SMALL, "--trials", "4", "--jobs", "2",
+                 "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    trials = trials_of(out)
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3]
+    assert all(t.state.is_finished() and t.state.name != "FAIL" for t in trials), printed
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    best = max(done, key=lambda t: t.value)
+    assert f"{best.number}      {best.value:.6g}" in printed
+    assert len({t.params["learning_rate"] for t in trials}) == 4  # four points, not one
+    for name in ("best.toml", "history.png", "study.db"):
+        assert (out / name).is_file(), name
+
+    # The best trial's run dir replays bit for bit, from its run.json and from best.toml.
+    trained = model_variables(out / f"trial-{best.number:04d}")
+    for config in (out / f"trial-{best.number:04d}" / "run.json", out / "best.toml"):
+        replay = tmp_path / f"replay-{config.stem}"
+        assert main(["run", "--config", str(config), "--run-dir", str(replay), "--quiet"]) == 0
+        again = model_variables(replay)
+        assert again.keys() == trained.keys()
+        for name, value in trained.items():
+            np.testing.assert_array_equal(again[name], value, err_msg=name)
+    # Its objective is the figure the run logged last.
+    history = (out / f"trial-{best.number:04d}" / "history.jsonl").read_text().splitlines()
+    assert math.isclose(json.loads(history[-1])["val_accuracy"], best.value)
+
+
+def start_tune(out, *extra: str):
+    return start_python("-m", "beatloop", "tune", "supervised", "--space",
+                        "learning_rate=log:1e-3:1e-1", "--set", "batch_size=256",
+                        "--out", str(out), *extra)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_killed_study_resumes_its_running_trial_exactly_and_loses_or_repeats_none(tmp_path):
+    out = tmp_path / "study"
+    budget = ["--trials", "2", "--epochs", "40", "--pruner", "none"]
+    first = start_tune(out, *budget)
+    checkpoint = out / "trial-0001" / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + 240
+    while not checkpoint.exists():
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "trial 1 made no checkpoint"
+        time.sleep(0.02)
+    os.kill(first.pid, signal.SIGKILL)  # its trial's process dies with it
+    first.communicate()
+    assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "RUNNING"]
+    complete = trials_of(out)[0].value
+
+    again = start_tune(out, *budget)
+    printed, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert "resuming trial(s) 1" in printed
+    trials = trials_of(out)
+    assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE"), (1, "COMPLETE")]
+    assert trials[0].value == complete  # the finished trial is kept as it was
+    # Trial 1 resumed from its checkpoint and ended on the weights of an uninterrupted run.
+    resumed = out / "trial-0001"
+    assert '"resumed_from": null' not in (resumed / "run.json").read_text()
+    replay = tmp_path / "uninterrupted"
+    assert main(["run", "--config", str(resumed / "run.json"), "--run-dir", str(replay),
+                 "--quiet"]) == 0  # fmt: skip
+    trained, again_trained = model_variables(resumed), model_variables(replay)
+    for name, value in trained.items():
+        np.testing.assert_array_equal(again_trained[name], value, err_msg=name)
+
+
+@pytest.mark.slow
+def test_two_commands_on_one_storage_share_the_study(tmp_path):
+    out = tmp_path / "study"
+    budget = ["--trials", "4", "--epochs", "1", "--set", "hidden=8"]
+    both = [start_tune(out, *budget), start_tune(out, *budget)]
+    for process in both:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+    trials = trials_of(out)
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3]
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    assert len({t.user_attrs["pid"] for t in trials}) == 2  # each command ran some
