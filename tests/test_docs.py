@@ -40,6 +40,10 @@ RUN_ELSEWHERE = {
         "test_forward_docs.py::test_the_maml_block_trains_like_a_hand_written_second_order_"
         "maml_loop"
     ),
+    "beatloop.tune(": (
+        "test_tune.py::test_a_four_trial_study_on_two_jobs_finishes_and_its_best_trial_replays_"
+        "bit_for_bit"
+    ),
     "class Dcgan": (
         "test_groups.py::test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_"
         "hand_written_step"

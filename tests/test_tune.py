@@ -14,7 +14,7 @@ import tomllib
 import numpy as np
 import optuna
 import pytest
-from helpers import model_variables, start_python
+from helpers import find_block, model_variables, start_python
 
 from beatloop.cli import main
 from beatloop.core.errors import ConfigError
@@ -121,21 +121,25 @@ def trials_of(out) -> list:
 
 @pytest.mark.slow
 def test_a_four_trial_study_on_two_jobs_finishes_and_its_best_trial_replays_bit_for_bit(
-    tmp_path, capsys
+    tmp_path, monkeypatch, capsys
 ):
-    out = tmp_path / "study"
-    assert main(["tune", "supervised", *SPACE, *SMALL, "--trials", "4", "--jobs", "2",
-                 "--out", str(out)]) == 0  # fmt: skip
+    """The "Tune and compare" page's block: four trials, two at once."""
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    find_block("beatloop.tune(").run(namespace)
+    result, out = namespace["result"], tmp_path / "runs" / "tune-supervised"
     printed = capsys.readouterr().out
     trials = trials_of(out)
     assert sorted(t.number for t in trials) == [0, 1, 2, 3]
     assert all(t.state.is_finished() and t.state.name != "FAIL" for t in trials), printed
-    done = [t for t in trials if t.state.name == "COMPLETE"]
-    best = max(done, key=lambda t: t.value)
-    assert f"{best.number}      {best.value:.6g}" in printed
     assert len({t.params["learning_rate"] for t in trials}) == 4  # four points, not one
-    for name in ("best.toml", "history.png", "study.db"):
-        assert (out / name).is_file(), name
+    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert f"trial {best.number}: val_accuracy {best.value:.6g}" in printed
+    assert result.best_config == {"batch_size": 256, **best.params}
+    assert [p.name for p in result.plots] == ["history.png", "importances.png"]
+    assert result.best_toml == out / "best.toml"
+    table = format_trials(result.study, result.spec).splitlines()
+    assert table[3].split()[:2] == [str(best.number), f"{best.value:.6g}"]
 
     # The best trial's run dir replays bit for bit, from its run.json and from best.toml.
     trained = model_variables(out / f"trial-{best.number:04d}")
