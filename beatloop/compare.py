@@ -456,7 +456,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 def plot_loss_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """One panel per run, its beats' training losses per epoch, side by side; with
     several seeds each curve is the mean over the seeds, in a band from their lowest to
-    their highest loss at each epoch."""
+    their highest loss at each epoch (a bar at each epoch, which a one-epoch run needs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -474,6 +474,7 @@ def plot_loss_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
                 curves = np.array([s["loss_curves"][name] for s in per_seed])
                 low, high = curves.min(axis=0), curves.max(axis=0)
                 axis.fill_between(epochs, low, high, color=line.get_color(), alpha=0.2, lw=0)
+                axis.vlines(epochs, low, high, color=line.get_color(), alpha=0.5)  # 1 epoch too
         seeds = f" ({len(per_seed)} seeds)" if len(per_seed) > 1 else ""
         axis.set_title(row["label"] + seeds, fontsize=9)
         axis.set_xlabel("epoch")

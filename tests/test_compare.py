@@ -241,15 +241,16 @@ def test_compare_over_seeds_prints_intervals_and_bands(tmp_path, capsys):
     study.mkdir()
     (study / "best.toml").write_text('recipe = "supervised"\n[config]\nhidden = 16\n')
     out = tmp_path / "cmp"
-    argv = ["compare", "supervised", "--set", "hidden=8", "supervised", "--set", "hidden=32"]
-    argv += ["supervised", "--tuned", str(study), "--set", "batch_size=128"]
-    argv += ["--seeds", "3", "--jobs", "2", "--epochs", "1", "--set", "batch_size=256"]
-    assert main([*argv, "--out", str(out)]) == 0
+    small = ["--set", "batch_size=256"]  # a trailing --set belongs to the last entry
+    argv = ["compare", "supervised", "--set", "hidden=8", *small, "supervised"]
+    argv += ["--tuned", str(study), *small, "supervised", "--set", "hidden=32"]
+    argv += ["--seeds", "3", "--jobs", "2", "--epochs", "1", *small, "--out", str(out)]
+    assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "mean [95% bootstrap interval] over 3 seeds" in printed
     assert "best val_accuracy: supervised " in printed
     table = printed[printed.index("mean [95%") :]
-    assert table.count("[") >= 3 * 5 and "supervised tuned(study) batch_size=128" in table
+    assert table.count("[") >= 3 * 5 and "supervised tuned(study) batch_size=256" in table
 
     record = json.loads((out / "compare.json").read_text())
     assert record["seeds"] == [0, 1, 2]
@@ -266,10 +267,18 @@ def test_compare_over_seeds_prints_intervals_and_bands(tmp_path, capsys):
         low, high = row["intervals"]["final_losses"]["loss"]
         assert low <= row["final_losses"]["loss"] <= high and low < high
         assert row["final_losses"]["loss"] == pytest.approx(sum(losses) / 3)
-        slug = row["label"].replace(" ", "-").replace("(", "_").replace(")", "_")
-        assert all((out / slug / f"seed{s}").is_dir() for s in (0, 1, 2)), sorted(out.iterdir())
-    tuned = record["rows"][2]
-    assert tuned["tuned"]["settings"] == ["hidden=16"]
-    assert tuned["settings"] == ["batch_size=128"] and tuned["steps"] == 12  # 1,437 / 128
+        assert row["steps"] == 6  # 1,437 digits in batches of 256, 1 epoch
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "supervised-hidden_32-batch_size_256",
+        "supervised-hidden_8-batch_size_256",
+        "supervised-tuned_study_-batch_size_256",
+    ]
+    for run_dir in out.glob("supervised-*"):
+        assert sorted(p.name for p in run_dir.iterdir()) == ["seed0", "seed1", "seed2"]
+    tuned = record["rows"][1]
+    assert tuned["tuned"] == {"study": str(study), "settings": ["hidden=16"]}
+    assert tuned["settings"] == ["batch_size=256"]
+    config = json.loads((out / "supervised-tuned_study_-batch_size_256/seed2/run.json").read_text())
+    assert (config["config"]["hidden"], config["config"]["batch_size"]) == (16, 256)
     with Image.open(out / "loss_curves.png") as picture:
         assert picture.format == "PNG" and picture.size[0] > picture.size[1]
