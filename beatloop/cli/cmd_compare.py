@@ -28,7 +28,7 @@ def add_command(commands) -> None:
         "each in its own process, and print one table; write OUT/compare.json and "
         "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
         "n_critic=5 supervised --epochs 3. With --seeds N every figure is a mean over N "
-        "seeds with a 95%% bootstrap interval; --tuned STUDY_DIR gives an entry the config of "
+        "seeds with a 95% bootstrap interval; --tuned STUDY_DIR gives an entry the config of "
         "a `beatloop tune` study's best trial.",
     )
     compare.add_argument(
@@ -42,10 +42,13 @@ def add_command(commands) -> None:
     compare.add_argument(
         "--out", type=Path, default=None, help="where the table goes (default: runs/compare-TIME)"
     )
-    compare.add_argument("--seed", type=int, default=0, help="the seed of every run (the first)")
+    compare.add_argument(
+        "--seed", type=int, default=0, help="the seed of every run (the first of --seeds)"
+    )
     compare.add_argument(
         "--seeds",
         type=int,
+        metavar="N",
         default=1,
         help="runs per entry with the seeds SEED, SEED+1, ...: the table gives means and 95%% "
         "bootstrap intervals, and whether the best quality stands out of the seed noise",
@@ -56,6 +59,7 @@ def add_command(commands) -> None:
     compare.add_argument(
         "--jobs",
         type=int,
+        metavar="N",
         default=1,
         help="runs at once, each its own process (their speeds then share the machine)",
     )
