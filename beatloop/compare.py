@@ -3,7 +3,9 @@ budget: one table of speed, memory, final losses and quality, a PNG of the loss 
 and a JSON file of every figure.
 
 Each run goes in its own process (``python -m beatloop.compare SPEC``), so its timing is
-not disturbed by the runs before it and its peak memory is its own.
+not disturbed by the runs before it and its peak memory is its own. With several seeds
+each figure is a mean over the seeds with a 95% bootstrap interval, and the table says
+whether the best quality is ahead of the others by more than the seeds' spread.
 """
 
 from __future__ import annotations
@@ -13,53 +15,114 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+#: Resamples of a bootstrap interval, and the seed of its generator: the same figures
+#: give the same interval, so a table printed twice reads the same.
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 36
+
+#: A row's figures that get a mean and an interval over the seeds (``final_losses`` too,
+#: per beat, and ``quality_value``).
+FIGURES = ("steps_per_second", "examples_per_second", "peak_memory_mb", "memory_growth_mb")
+
 
 @attrs.frozen
 class Entry:
-    """One run to compare: a recipe name and its config overrides (``--set`` texts)."""
+    """One run to compare: a recipe name, its config overrides (``--set`` texts) and,
+    optionally, a study directory whose best trial's config (``best.toml``, written by
+    ``beatloop tune``) comes before those overrides."""
 
     recipe: str
     settings: tuple[str, ...] = ()
+    tuned: str | None = None
 
     @property
     def label(self) -> str:
-        return " ".join([self.recipe, *self.settings])
+        tuned = [] if self.tuned is None else [f"tuned({Path(self.tuned).name})"]
+        return " ".join([self.recipe, *tuned, *self.settings])
 
     @property
     def slug(self) -> str:
-        text = "-".join([self.recipe, *self.settings])
+        text = "-".join(self.label.split(" "))
         return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def parse_entries(tokens: Sequence[str]) -> list[Entry]:
     """``gan --set n_critic=1 gan --set n_critic=5 supervised`` -> three entries: each
-    ``--set`` applies to the recipe named before it."""
-    entries: list[tuple[str, list[str]]] = []
+    ``--set`` (and ``--tuned STUDY_DIR``) applies to the recipe named before it."""
+    entries: list[tuple[str, list[str], list[str]]] = []
     tokens = list(tokens)
     while tokens:
         token = tokens.pop(0)
-        if token == "--set" or token.startswith("--set="):
+        option = token.partition("=")[0]
+        if option in ("--set", "--tuned"):
             value = (
-                token.partition("=")[2] if token != "--set" else (tokens.pop(0) if tokens else "")
+                token.partition("=")[2] if token != option else (tokens.pop(0) if tokens else "")
             )
             if not entries:
-                raise ValueError(f"--set {value} comes before any recipe name")
+                raise ValueError(f"{option} {value} comes before any recipe name")
+            if option == "--set":
+                if not value:
+                    raise ValueError("--set needs FIELD=VALUE")
+                entries[-1][1].append(value)
+                continue
             if not value:
-                raise ValueError("--set needs FIELD=VALUE")
-            entries[-1][1].append(value)
+                raise ValueError("--tuned needs STUDY_DIR (a `beatloop tune` study)")
+            if entries[-1][2]:
+                raise ValueError(
+                    f"--tuned given twice for {entries[-1][0]} ({entries[-1][2][0]}, {value}): "
+                    "name the recipe again for a second tuned entry"
+                )
+            entries[-1][2].append(value)
         elif token.startswith("-"):
             raise ValueError(f"unknown option {token!r} among the recipes to compare")
         else:
-            entries.append((token, []))
+            entries.append((token, [], []))
     if not entries:
         raise ValueError("name at least one recipe to compare")
-    return [Entry(name, tuple(settings)) for name, settings in entries]
+    return [Entry(name, tuple(sets), tuned[0] if tuned else None) for name, sets, tuned in entries]
+
+
+def tuned_settings(entry: Entry) -> tuple[str, ...]:
+    """The ``--set`` texts of ``entry``'s study's best trial (its ``best.toml``), none
+    without ``--tuned``; a ``ConfigError`` for a study that is missing, unfinished, of
+    another recipe, or not TOML."""
+    import tomllib
+
+    from beatloop.core.errors import ConfigError
+    from beatloop.run_file import _setting_text
+
+    if entry.tuned is None:
+        return ()
+    study = Path(entry.tuned)
+    best = study / "best.toml"
+    if not study.is_dir():
+        raise ConfigError(f"--tuned {study}: no such study directory; run `beatloop tune` first")
+    if not best.is_file():
+        raise ConfigError(
+            f"--tuned {study}: it has no best.toml (the study's best trial); run `beatloop tune` "
+            "first, or let it finish"
+        )
+    try:
+        values = tomllib.loads(best.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--tuned {best} is not valid TOML: {error}") from None
+    recipe, config = values.get("recipe"), values.get("config", {})
+    if recipe != entry.recipe:
+        raise ConfigError(
+            f"--tuned {best} is a tuned config of recipe {recipe!r}, not {entry.recipe!r}: give "
+            f"it after {recipe!r}, or tune {entry.recipe!r}"
+        )
+    if not isinstance(config, dict):
+        raise ConfigError(f"--tuned {best}: [config] expects a table of config fields")
+    return tuple(f"{name}={_setting_text(value)}" for name, value in config.items())
 
 
 def compare(
@@ -68,7 +131,9 @@ def compare(
     epochs: int,
     out: Path,
     seed: int = 0,
+    seeds: int = 1,
     repeats: int = 1,
+    jobs: int = 1,
     steps_per_execution: int | str = "auto",
     data: str | None = None,
     data_settings: Sequence[str] = (),
@@ -76,35 +141,58 @@ def compare(
     timeout: float = 1800,
     echo=print,
 ) -> list[dict[str, Any]]:
-    """Run every entry ``repeats`` times (medians reported), write ``out/compare.json``
-    and ``out/loss_curves.png``, and return one row of figures per entry. ``data`` (a
-    ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
+    """Run every entry with the seeds ``seed .. seed + seeds - 1``, each seed ``repeats``
+    times (timing repeats: medians reported), at most ``jobs`` runs at once; write
+    ``out/compare.json`` and ``out/loss_curves.png``, and return one row of figures per
+    entry (with several seeds: means, and 95% bootstrap intervals under ``intervals``).
+    ``data`` (a ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
     ``beatloop.sources.named.load_data``) replaces every recipe's built-in data."""
-    from beatloop.core.errors import BeatloopError
+    from beatloop.core.errors import BeatloopError, ConfigError
 
-    out.mkdir(parents=True, exist_ok=True)
+    for option, value in (("--seeds", seeds), ("--jobs", jobs), ("--repeats", repeats)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{option} must be a whole number >= 1, got {value!r}")
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise BeatloopError(f"the same recipe and settings appear twice: {labels}")
+    settings = {entry: (*tuned_settings(entry), *entry.settings) for entry in entries}
+    _check_settings(settings)  # a wrong field fails here, before anything runs
+    out.mkdir(parents=True, exist_ok=True)
+    seed_list = list(range(seed, seed + seeds))
+    tasks = []
+    for entry in entries:
+        for each in seed_list:
+            for repeat in range(repeats):
+                where = f"seed{each}" if repeats == 1 else f"seed{each}-run{repeat + 1}"
+                spec = {
+                    "label": entry.label,
+                    "recipe": entry.recipe,
+                    "settings": list(settings[entry]),
+                    "epochs": epochs,
+                    "seed": each,
+                    "steps_per_execution": steps_per_execution,
+                    "run_dir": str(out / entry.slug / where),
+                    "data": data,
+                    "data_settings": list(data_settings),
+                    "validation_data": validation_data,
+                }
+                what = f"{entry.label}: seed {each}, run {repeat + 1}/{repeats}"
+                tasks.append((what, spec))
+    results = iter(_run_all(tasks, jobs, timeout, echo))
     rows = []
     for entry in entries:
-        runs = []
-        for repeat in range(repeats):
-            spec = {
-                "recipe": entry.recipe,
-                "settings": list(entry.settings),
-                "epochs": epochs,
-                "seed": seed,
-                "steps_per_execution": steps_per_execution,
-                "run_dir": str(out / entry.slug / f"run{repeat + 1}"),
-                "data": data,
-                "data_settings": list(data_settings),
-                "validation_data": validation_data,
-            }
-            echo(f"{entry.label}: run {repeat + 1}/{repeats} ...")
-            runs.append(_run_isolated(spec, timeout))
-        rows.append(_summary(entry, runs))
-    record = {"epochs": epochs, "seed": seed, "repeats": repeats, "rows": rows}
+        runs = [[next(results) for _ in range(repeats)] for _ in seed_list]
+        rows.append(_summary(entry, settings[entry], seed_list, runs))
+    record: dict[str, Any] = {
+        "epochs": epochs,
+        "seed": seed,
+        "seeds": seed_list,
+        "repeats": repeats,
+        "rows": rows,
+    }
+    lead = quality_lead(rows)
+    if lead is not None:
+        record["quality_lead"] = lead
     if data is not None:
         record["data"] = {
             "source": data,
@@ -116,90 +204,284 @@ def compare(
     return rows
 
 
-def _run_isolated(spec: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+def _check_settings(settings: Mapping[Entry, Sequence[str]]) -> None:
+    from beatloop.core.config import parse_settings
+    from beatloop.plugins.registry import get_recipe
+
+    for entry, texts in settings.items():
+        cls = get_recipe(entry.recipe)
+        parse_settings(texts, cls.Config, f"recipe {cls.name!r} ({entry.label})")
+
+
+def _run_all(
+    tasks: Sequence[tuple[str, Mapping[str, Any]]],
+    jobs: int,
+    timeout: float,
+    echo: Callable[[str], Any],
+) -> list[dict[str, Any]]:
+    """Each task's figures, in the tasks' order. One job: one run after another. More:
+    up to ``jobs`` processes at once (their speeds then share the machine's cores); the
+    first failure stops the others and names its entry and seed."""
+    if jobs == 1:
+        done = []
+        for what, spec in tasks:
+            echo(f"{what} ...")
+            done.append(_run_isolated(spec, timeout))
+        return done
+    results: list[dict[str, Any] | None] = [None] * len(tasks)
+    waiting = list(enumerate(tasks))
+    running: dict[int, tuple[subprocess.Popen, Any, Any, float]] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                index, (what, spec) = waiting.pop(0)
+                echo(f"{what} ...")
+                running[index] = (*_start(spec), time.monotonic())
+            time.sleep(0.05)
+            for index, (process, stdout, stderr, started) in list(running.items()):
+                spec = tasks[index][1]
+                if process.poll() is None:
+                    if time.monotonic() - started > timeout:
+                        raise _failed(spec, f"did not finish within {timeout:.0f} s")
+                    continue
+                del running[index]
+                with stdout, stderr:
+                    stdout.seek(0), stderr.seek(0)
+                    printed, complained = stdout.read(), stderr.read()
+                results[index] = _collected(spec, process.returncode, printed, complained)
+    finally:
+        for process, stdout, stderr, _ in running.values():
+            process.kill()
+            process.wait()
+            stdout.close(), stderr.close()
+    return results  # type: ignore[return-value]
+
+
+def _command(spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return [sys.executable, "-m", "beatloop.compare", json.dumps(spec)], env
+
+
+def _start(spec: Mapping[str, Any]) -> tuple[subprocess.Popen, Any, Any]:
+    """A run's process, its output going to files (a pipe nobody reads while it runs
+    could fill up and stall it)."""
+    command, env = _command(spec)
+    # closed by _run_all once the process ends (or is killed)
+    stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # noqa: SIM115
+    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env)
+    return process, stdout, stderr
+
+
+def _failed(spec: Mapping[str, Any], detail: str) -> Exception:
     from beatloop.core.errors import BeatloopError
 
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    command = [sys.executable, "-m", "beatloop.compare", json.dumps(spec)]
+    label = spec.get("label") or " ".join([spec["recipe"], *spec["settings"]])
+    return BeatloopError(f"{label} (seed {spec['seed']}) {detail}")
+
+
+def _collected(spec: Mapping[str, Any], code: int, stdout: str, stderr: str) -> dict[str, Any]:
+    if code != 0:
+        detail = (stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise _failed(spec, f"failed: {detail}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _run_isolated(spec: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    command, env = _command(spec)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        raise BeatloopError(f"{spec['recipe']} did not finish within {timeout:.0f} s") from None
-    if done.returncode != 0:
-        detail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise BeatloopError(f"{spec['recipe']} {' '.join(spec['settings'])} failed: {detail}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise _failed(spec, f"did not finish within {timeout:.0f} s") from None
+    return _collected(spec, done.returncode, done.stdout, done.stderr)
 
 
-def _summary(entry: Entry, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    median = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
-    first = runs[0]
-    return {
+def _summary(
+    entry: Entry, settings: Sequence[str], seeds: Sequence[int], runs: list[list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """One entry's row: per seed, the medians of its timing repeats; over the seeds, the
+    mean of each figure (with one seed, that seed's figures) and its bootstrap interval."""
+    per_seed = [
+        {"seed": seed, **_medians(repeats)} for seed, repeats in zip(seeds, runs, strict=True)
+    ]
+    first = runs[0][0]
+    mean = lambda values: statistics.fmean(values)  # noqa: E731
+    interval = lambda values: list(bootstrap_interval(values))  # noqa: E731
+    losses = {name: [s["final_losses"][name] for s in per_seed] for name in first["final_losses"]}
+    row: dict[str, Any] = {
         "label": entry.label,
         "recipe": entry.recipe,
         "settings": list(entry.settings),
         "steps": first["steps"],
-        "steps_per_second": median("steps_per_second"),
-        "examples_per_second": median("examples_per_second"),
-        "peak_memory_mb": median("peak_memory_mb"),
-        "memory_growth_mb": median("memory_growth_mb"),
+        **{key: mean([s[key] for s in per_seed]) for key in FIGURES},
+        "final_losses": {name: mean(values) for name, values in losses.items()},
+        "quality": first["quality"],
+        "quality_value": None,
+        "loss_curves": {
+            name: [
+                mean(epoch)
+                for epoch in zip(*(s["loss_curves"][name] for s in per_seed), strict=True)
+            ]
+            for name in first["loss_curves"]
+        },
+    }
+    if entry.tuned is not None:
+        tuned = settings[: len(settings) - len(entry.settings)]
+        row["tuned"] = {"study": entry.tuned, "settings": list(tuned)}
+    intervals: dict[str, Any] = {key: interval([s[key] for s in per_seed]) for key in FIGURES}
+    intervals["final_losses"] = {name: interval(values) for name, values in losses.items()}
+    qualities = [s["quality_value"] for s in per_seed]
+    if first["quality"] is not None and None not in qualities:
+        row["quality_value"] = mean(qualities)
+        intervals["quality_value"] = interval(qualities)
+    row.update({"seeds": list(seeds), "per_seed": per_seed, "intervals": intervals})
+    return row
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One seed's figures: the medians of its timing repeats, the first one's curves."""
+    median = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+    first = runs[0]
+    return {
+        **{key: median(key) for key in FIGURES},
         "final_losses": {
             name: statistics.median(r["final_losses"][name] for r in runs)
             for name in first["final_losses"]
         },
-        "quality": first["quality"],
         "quality_value": (
             None
-            if first["quality"] is None
+            if first["quality"] is None or any(r["quality_value"] is None for r in runs)
             else statistics.median(r["quality_value"] for r in runs)
         ),
         "loss_curves": first["loss_curves"],
     }
 
 
+# --- statistics over seeds -----------------------------------------------------------------
+
+
+def bootstrap_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of ``values`` (one per seed):
+    ``BOOTSTRAP_RESAMPLES`` resamples with replacement from a fixed-seed generator, so
+    the same values give the same interval. One value: the interval is that value. The
+    interval is widened to hold the mean where a very skewed handful would leave it out."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        raise ValueError("a bootstrap interval needs at least one value")
+    mean = float(data.mean())
+    if data.size == 1:
+        return mean, mean
+    generator = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = generator.integers(0, data.size, size=(BOOTSTRAP_RESAMPLES, data.size))
+    means = data[picks].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return min(float(low), mean), max(float(high), mean)
+
+
+def quality_lead(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The best row by its quality figure's mean (``max`` or ``min`` as the figure says),
+    and whether its lead is clear: measured over at least 2 seeds, and its interval
+    overlaps no other row's. ``None`` unless 2 or more rows have a value of one and the
+    same quality figure (different recipes' figures do not compare)."""
+    scored = [
+        r for r in rows if r.get("quality") is not None and r.get("quality_value") is not None
+    ]
+    if len(scored) < 2 or len({tuple(r["quality"]) for r in scored}) != 1:
+        return None
+    name, direction = scored[0]["quality"]
+    pick = max if direction == "max" else min
+    best = pick(scored, key=lambda r: r["quality_value"])
+    span = lambda r: r.get("intervals", {}).get("quality_value", [r["quality_value"]] * 2)  # noqa: E731
+    low, high = span(best)
+    apart = all(high < span(r)[0] or low > span(r)[1] for r in scored if r is not best)
+    clear = apart and min(len(r.get("seeds", [0])) for r in scored) >= 2
+    return {"best": best["label"], "clear": clear, "figure": name}
+
+
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The comparison as aligned text."""
+    """The comparison as aligned text; with several seeds each figure reads
+    ``mean [low, high]``, and a last line says whether the best quality stands out."""
+    seeds = max((len(row.get("seeds", [0])) for row in rows), default=1)
+    spread = seeds > 1
+
+    def cell(row: Mapping[str, Any], key: str, text: Callable[[float], str], name=None) -> str:
+        value = row[key] if name is None else row[key][name]
+        if not spread:
+            return text(value)
+        low, high = row["intervals"][key] if name is None else row["intervals"][key][name]
+        return f"{text(value)} [{text(low)}, {text(high)}]"
+
+    whole = (lambda v: f"{v:.0f}") if spread else (lambda v: f"{v:,.0f}")
+    short = lambda v: f"{v:.4g}"  # noqa: E731
     header = ["run", "steps/s", "examples/s", "peak MB", "final losses", "quality"]
     lines = []
     for row in rows:
-        losses = "  ".join(f"{k} {v:.4g}" for k, v in row["final_losses"].items())
+        losses = "  ".join(
+            f"{name} {cell(row, 'final_losses', short, name)}" for name in row["final_losses"]
+        )
         quality = "-"
         if row["quality"] is not None and row["quality_value"] is not None:
             name, direction = row["quality"]
             arrow = "higher" if direction == "max" else "lower"
-            quality = f"{name} {row['quality_value']:.4g} ({arrow} is better)"
+            quality = f"{name} {cell(row, 'quality_value', short)} ({arrow} is better)"
         lines.append(
             [
                 row["label"],
-                f"{row['steps_per_second']:,.0f}",
-                f"{row['examples_per_second']:,.0f}",
-                f"{row['peak_memory_mb']:,.0f}",
+                cell(row, "steps_per_second", whole),
+                cell(row, "examples_per_second", whole),
+                cell(row, "peak_memory_mb", whole),
                 losses,
                 quality,
             ]
         )
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     render = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
-    return "\n".join([render(header), render(["-" * w for w in widths]), *map(render, lines)])
+    table = [render(header), render(["-" * w for w in widths]), *map(render, lines)]
+    if not spread:
+        return "\n".join(table)
+    lead = quality_lead(rows)
+    if lead is not None:
+        verdict = (
+            "its lead is outside the others' intervals"
+            if lead["clear"]
+            else f"within the others' intervals: not distinguishable from seed noise at {seeds} "
+            "seeds"
+        )
+        table.append(f"best {lead['figure']}: {lead['best']} \N{EM DASH} {verdict}")
+    return "\n".join([f"mean [95% bootstrap interval] over {seeds} seeds", *table])
 
 
 def plot_loss_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """One panel per run, its beats' training losses per epoch, side by side."""
+    """One panel per run, its beats' training losses per epoch, side by side; with
+    several seeds each curve is the mean over the seeds, in a band from their lowest to
+    their highest loss at each epoch (a bar at each epoch, which a one-epoch run needs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.2), squeeze=False)
     for axis, row in zip(axes[0], rows, strict=True):
+        per_seed = row.get("per_seed", [])
         for name, values in row["loss_curves"].items():
-            axis.plot(range(1, len(values) + 1), values, marker="o", label=name)
-        axis.set_title(row["label"], fontsize=9)
+            epochs = range(1, len(values) + 1)
+            (line,) = axis.plot(epochs, values, marker="o", label=name)
+            if len(per_seed) > 1:
+                curves = np.array([s["loss_curves"][name] for s in per_seed])
+                low, high = curves.min(axis=0), curves.max(axis=0)
+                axis.fill_between(epochs, low, high, color=line.get_color(), alpha=0.2, lw=0)
+                axis.vlines(epochs, low, high, color=line.get_color(), alpha=0.5)  # 1 epoch too
+        seeds = f" ({len(per_seed)} seeds)" if len(per_seed) > 1 else ""
+        axis.set_title(row["label"] + seeds, fontsize=9)
         axis.set_xlabel("epoch")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.legend(fontsize=8)
-    axes[0][0].set_ylabel("training loss")
+    banded = any(len(row.get("per_seed", [])) > 1 for row in rows)
+    axes[0][0].set_ylabel("training loss (mean, min-max band)" if banded else "training loss")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

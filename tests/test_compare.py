@@ -71,3 +71,214 @@ def test_compare_two_configs_writes_table_json_and_png(tmp_path, capsys):
 
     assert main(["compare", "no_such_recipe", "--out", str(tmp_path / "x")]) == 2
     assert "no recipe named 'no_such_recipe'" in capsys.readouterr().err
+
+
+# --- seeds: statistics, the lead, the table -------------------------------------------------
+
+
+def test_bootstrap_interval_of_the_mean_over_seeds():
+    from beatloop.compare import bootstrap_interval
+
+    assert bootstrap_interval([0.75]) == (0.75, 0.75)  # one seed: just the value
+    spread = [0.80, 0.90, 0.85]
+    low, high = bootstrap_interval(spread)
+    assert low < sum(spread) / 3 < high and low >= 0.80 and high <= 0.90
+    assert bootstrap_interval(spread) == (low, high)  # a fixed generator: reproducible
+    agreeing = [*spread, 0.85, 0.86, 0.84, 0.85, 0.85, 0.86, 0.84]
+    narrow_low, narrow_high = bootstrap_interval(agreeing)
+    assert narrow_low <= sum(agreeing) / len(agreeing) <= narrow_high
+    assert narrow_high - narrow_low < (high - low) / 2
+    assert bootstrap_interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    with pytest.raises(ValueError, match="at least one"):
+        bootstrap_interval([])
+
+
+def _row(label, values, quality=("val_accuracy", "max")):
+    """A hand-made row of compare.json, as ``compare`` writes it for these seeds' values."""
+    from beatloop.compare import bootstrap_interval
+
+    mean = sum(values) / len(values)
+    return {
+        "label": label,
+        "steps_per_second": 100.0,
+        "examples_per_second": 6400.0,
+        "peak_memory_mb": 900.0,
+        "final_losses": {"loss": 0.5},
+        "quality": list(quality),
+        "quality_value": mean,
+        "seeds": list(range(len(values))),
+        "intervals": {
+            "steps_per_second": [90.0, 110.0],
+            "examples_per_second": [5760.0, 7040.0],
+            "peak_memory_mb": [880.0, 920.0],
+            "final_losses": {"loss": [0.4, 0.6]},
+            "quality_value": list(bootstrap_interval(values)),
+        },
+    }
+
+
+def test_the_best_quality_leads_clearly_only_outside_the_others_intervals():
+    from beatloop.compare import format_table, quality_lead
+
+    apart = [_row("a", [0.80, 0.81, 0.82]), _row("b", [0.90, 0.91, 0.92])]
+    assert quality_lead(apart) == {"best": "b", "clear": True, "figure": "val_accuracy"}
+    close = [_row("a", [0.80, 0.90, 0.85]), _row("b", [0.84, 0.92, 0.86])]
+    assert quality_lead(close) == {"best": "b", "clear": False, "figure": "val_accuracy"}
+    style = ("style_loss", "min")
+    lower = [_row("a", [0.3, 0.31, 0.32], style), _row("b", [0.5, 0.52, 0.51], style)]
+    assert quality_lead(lower) == {"best": "a", "clear": True, "figure": "style_loss"}
+    # One seed has no spread to judge by; different recipes' figures do not compare.
+    assert quality_lead([_row("a", [0.8]), _row("b", [0.9])])["clear"] is False
+    assert quality_lead([_row("a", [0.8, 0.8]), _row("b", [0.9, 0.9], ("auc", "max"))]) is None
+    assert quality_lead([_row("a", [0.8, 0.8])]) is None
+
+    table = format_table(apart).splitlines()
+    assert table[0] == "mean [95% bootstrap interval] over 3 seeds"
+    assert "val_accuracy 0.91 [0.9, 0.92] (higher is better)" in table[-2]
+    assert "100 [90, 110]" in table[-2] and "loss 0.5 [0.4, 0.6]" in table[-2]
+    assert table[-1] == "best val_accuracy: b \N{EM DASH} its lead is outside the others' intervals"
+    assert format_table(close).splitlines()[-1] == (
+        "best val_accuracy: b \N{EM DASH} within the others' intervals: not distinguishable "
+        "from seed noise at 3 seeds"
+    )
+
+
+def test_parallel_runs_stop_at_the_first_failure_and_name_its_seed(monkeypatch):
+    """The pool of ``--jobs``: each run a process (here a stand-in for ``python -m
+    beatloop.compare``), results in the tasks' order, the rest killed on a failure."""
+    import sys
+    import time
+
+    from beatloop import compare
+    from beatloop.core.errors import BeatloopError
+
+    script = (
+        "import json, sys, time; spec = json.loads(sys.argv[1]); seed = spec['seed']\n"
+        "if seed == 9: sys.exit('ValueError: seed nine is cursed')\n"
+        "if seed == 8: time.sleep(60)\n"
+        "print(json.dumps({'seed': seed}))"
+    )
+    monkeypatch.setattr(
+        compare, "_command", lambda spec: ([sys.executable, "-c", script, json.dumps(spec)], None)
+    )
+    spec = {"label": "x", "recipe": "x", "settings": []}
+    tasks = [(f"s{seed}", dict(spec, seed=seed)) for seed in (3, 1, 2)]
+    echoed = []
+    assert compare._run_all(tasks, 2, 30, echoed.append) == [{"seed": 3}, {"seed": 1}, {"seed": 2}]
+    assert echoed == ["s3 ...", "s1 ...", "s2 ..."]
+
+    slow, bad = (dict(tasks[0][1], seed=seed, label=f"sup {seed}") for seed in (8, 9))
+    started = time.monotonic()
+    with pytest.raises(BeatloopError, match="sup 9 \\(seed 9\\) failed: ValueError: seed nine"):
+        compare._run_all([("slow", slow), ("bad", bad)], 2, 30, echoed.append)
+    assert time.monotonic() - started < 20  # the sleeping run was killed, not waited for
+    with pytest.raises(BeatloopError, match="sup 8 \\(seed 8\\) did not finish within 1 s"):
+        compare._run_all([("slow", slow), ("s1", tasks[1][1])], 2, 1, echoed.append)
+
+
+# --- --tuned ----------------------------------------------------------------------------------
+
+
+def test_tuned_takes_a_studys_best_config_before_the_entrys_own_settings(tmp_path):
+    from beatloop.compare import tuned_settings
+    from beatloop.core.errors import ConfigError
+
+    tokens = ["supervised", "--tuned", "studies/s1", "--set", "hidden=8", "gan", "--tuned=s2"]
+    assert parse_entries(tokens) == [
+        Entry("supervised", ("hidden=8",), "studies/s1"),
+        Entry("gan", (), "s2"),
+    ]
+    assert Entry("supervised", ("hidden=8",), "studies/s1").label == (
+        "supervised tuned(s1) hidden=8"
+    )
+    for bad, message in [
+        (["--tuned", "s", "gan"], "--tuned s comes before any recipe"),
+        (["gan", "--tuned"], "--tuned needs STUDY_DIR"),
+        (["gan", "--tuned", "a", "--tuned", "b"], "--tuned given twice for gan"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_entries(bad)
+
+    study = tmp_path / "study"
+    entry = Entry("supervised", ("hidden=8",), str(study))
+    with pytest.raises(ConfigError, match="no such study directory; run `beatloop tune` first"):
+        tuned_settings(entry)
+    study.mkdir()
+    with pytest.raises(ConfigError, match=r"no best\.toml .* run `beatloop tune` first"):
+        tuned_settings(entry)
+    (study / "best.toml").write_text("recipe = 'supervised'\n[config\n")
+    with pytest.raises(ConfigError, match=r"best\.toml is not valid TOML"):
+        tuned_settings(entry)
+    (study / "best.toml").write_text('recipe = "gan"\n[config]\nn_critic = 2\n')
+    with pytest.raises(ConfigError, match="of recipe 'gan', not 'supervised'"):
+        tuned_settings(entry)
+    best = 'recipe = "supervised"\nepochs = 7\nseed = 3\n[config]\nhidden = 24\n'
+    (study / "best.toml").write_text(best + "learning_rate = 0.003\n")
+    assert tuned_settings(entry) == ("hidden=24", "learning_rate=0.003")
+    assert tuned_settings(Entry("supervised")) == ()
+
+
+def test_bad_seeds_and_jobs_are_refused_before_anything_runs(tmp_path, capsys):
+    from beatloop.cli import main
+
+    for argv, message in [
+        (["--seeds", "0", "supervised"], "--seeds must be >= 1, got 0"),
+        (["supervised", "--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["supervised", "--seeds", "three"], "--seeds expects a number, got 'three'"),
+        (["supervised", "--tuned", str(tmp_path / "none")], "no such study directory"),
+    ]:
+        assert main(["compare", *argv, "--out", str(tmp_path / "out")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_compare_over_seeds_prints_intervals_and_bands(tmp_path, capsys):
+    """Three seeds of two configs and a tuned one, two runs at a time."""
+    from beatloop.cli import main
+
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "best.toml").write_text('recipe = "supervised"\n[config]\nhidden = 16\n')
+    out = tmp_path / "cmp"
+    small = ["--set", "batch_size=256"]  # a trailing --set belongs to the last entry
+    argv = ["compare", "supervised", "--set", "hidden=8", *small, "supervised"]
+    argv += ["--tuned", str(study), *small, "supervised", "--set", "hidden=32"]
+    argv += ["--seeds", "3", "--jobs", "2", "--epochs", "1", *small, "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "mean [95% bootstrap interval] over 3 seeds" in printed
+    assert "best val_accuracy: supervised " in printed
+    table = printed[printed.index("mean [95%") :]
+    assert table.count("[") >= 3 * 5 and "supervised tuned(study) batch_size=256" in table
+
+    record = json.loads((out / "compare.json").read_text())
+    assert record["seeds"] == [0, 1, 2]
+    assert record["quality_lead"]["figure"] == "val_accuracy"
+    assert record["quality_lead"]["best"] in [row["label"] for row in record["rows"]]
+    for row in record["rows"]:
+        assert row["seeds"] == [0, 1, 2] and len(row["per_seed"]) == 3
+        assert [s["seed"] for s in row["per_seed"]] == [0, 1, 2]
+        losses = [s["final_losses"]["loss"] for s in row["per_seed"]]
+        assert len(set(losses)) == 3  # the seed matters
+        for figure in ("steps_per_second", "peak_memory_mb", "quality_value"):
+            low, high = row["intervals"][figure]
+            assert low <= row[figure] <= high
+        low, high = row["intervals"]["final_losses"]["loss"]
+        assert low <= row["final_losses"]["loss"] <= high and low < high
+        assert row["final_losses"]["loss"] == pytest.approx(sum(losses) / 3)
+        assert row["steps"] == 6  # 1,437 digits in batches of 256, 1 epoch
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "supervised-hidden_32-batch_size_256",
+        "supervised-hidden_8-batch_size_256",
+        "supervised-tuned_study_-batch_size_256",
+    ]
+    for run_dir in out.glob("supervised-*"):
+        assert sorted(p.name for p in run_dir.iterdir()) == ["seed0", "seed1", "seed2"]
+    tuned = record["rows"][1]
+    assert tuned["tuned"] == {"study": str(study), "settings": ["hidden=16"]}
+    assert tuned["settings"] == ["batch_size=256"]
+    config = json.loads((out / "supervised-tuned_study_-batch_size_256/seed2/run.json").read_text())
+    assert (config["config"]["hidden"], config["config"]["batch_size"]) == (16, 256)
+    with Image.open(out / "loss_curves.png") as picture:
+        assert picture.format == "PNG" and picture.size[0] > picture.size[1]

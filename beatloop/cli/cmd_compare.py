@@ -1,5 +1,6 @@
-"""``beatloop compare NAME [--set FIELD=VALUE]... ``: recipes (or configs of one) side by
-side, each in its own process, in one table."""
+"""``beatloop compare NAME [--tuned STUDY_DIR] [--set FIELD=VALUE]... ``: recipes (or
+configs of one) side by side, each in its own process, in one table; with ``--seeds N``
+each figure is a mean over N seeds with a 95% bootstrap interval."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from beatloop.cli.options import add_data_options, add_steps_per_execution, comm
 NAME = "compare"
 
 #: The options that may also come after the recipe names, with their types.
-TRAILING = (("--epochs", int), ("--out", Path), ("--seed", int), ("--repeats", int),
-            ("--data", str), ("--validation-data", str))  # fmt: skip
+TRAILING = (("--epochs", int), ("--out", Path), ("--seed", int), ("--seeds", int),
+            ("--repeats", int), ("--jobs", int), ("--data", str),
+            ("--validation-data", str))  # fmt: skip
 
 
 def add_command(commands) -> None:
@@ -25,20 +27,42 @@ def add_command(commands) -> None:
         "of epochs, "
         "each in its own process, and print one table; write OUT/compare.json and "
         "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
-        "n_critic=5 supervised --epochs 3",
+        "n_critic=5 supervised --epochs 3. With --seeds N every figure is a mean over N "
+        "seeds with a 95% bootstrap interval; --tuned STUDY_DIR gives an entry the config of "
+        "a `beatloop tune` study's best trial.",
     )
     compare.add_argument(
         "entries",
         nargs=argparse.REMAINDER,
-        metavar="NAME [--set FIELD=VALUE]...",
-        help="recipes; each --set applies to the name before it",
+        metavar="NAME [--tuned STUDY_DIR] [--set FIELD=VALUE]...",
+        help="recipes; each --set and --tuned applies to the name before it (--set wins "
+        "over the study's config)",
     )
     compare.add_argument("--epochs", type=int, default=2, help="epochs per run")
     compare.add_argument(
         "--out", type=Path, default=None, help="where the table goes (default: runs/compare-TIME)"
     )
-    compare.add_argument("--seed", type=int, default=0, help="the seed of every run")
-    compare.add_argument("--repeats", type=int, default=1, help="runs per entry (medians)")
+    compare.add_argument(
+        "--seed", type=int, default=0, help="the seed of every run (the first of --seeds)"
+    )
+    compare.add_argument(
+        "--seeds",
+        type=int,
+        metavar="N",
+        default=1,
+        help="runs per entry with the seeds SEED, SEED+1, ...: the table gives means and 95%% "
+        "bootstrap intervals, and whether the best quality stands out of the seed noise",
+    )
+    compare.add_argument(
+        "--repeats", type=int, default=1, help="timing runs per entry and seed (medians)"
+    )
+    compare.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        default=1,
+        help="runs at once, each its own process (their speeds then share the machine)",
+    )
     add_steps_per_execution(compare)
     add_data_options(compare)
 
@@ -60,13 +84,19 @@ def run(args) -> int:
     epochs = options.get("epochs", args.epochs)
     if epochs < 1:
         raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    seeds, jobs = options.get("seeds", args.seeds), options.get("jobs", args.jobs)
+    for flag, value in (("--seeds", seeds), ("--jobs", jobs)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     out = options.get("out", args.out) or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     rows = compare(
         entries,
         epochs=epochs,
         out=out,
         seed=options.get("seed", args.seed),
+        seeds=seeds,
         repeats=options.get("repeats", args.repeats),
+        jobs=jobs,
         steps_per_execution=args.steps_per_execution,
         data=args.data,
         data_settings=tuple(args.data_set),
@@ -89,7 +119,10 @@ def _trailing_options(args) -> tuple[list[str], dict]:
             at = tokens.index(flag)
             if at + 1 >= len(tokens):
                 raise ConfigError(f"{flag} needs a value")
-            options[flag[2:]] = kind(tokens[at + 1])
+            try:
+                options[flag[2:]] = kind(tokens[at + 1])
+            except ValueError:
+                raise ConfigError(f"{flag} expects a number, got {tokens[at + 1]!r}") from None
             del tokens[at : at + 2]
     while "--data-set" in tokens:
         at = tokens.index("--data-set")
