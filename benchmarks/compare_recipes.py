@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from beatloop.compare import Entry, compare, format_table
+from beatloop.compare import Entry, compare
+from beatloop.compare_report import format_table
 
 ENTRIES = [
     Entry("supervised"),

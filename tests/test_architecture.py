@@ -146,6 +146,7 @@ LAYERS = (
             "beatloop.recipes",
             "beatloop.fitting",
             "beatloop.compare",
+            "beatloop.compare_report",
             "beatloop.tuning.*",
             "beatloop.listing",
             "beatloop.run_file",

@@ -77,7 +77,7 @@ def test_compare_two_configs_writes_table_json_and_png(tmp_path, capsys):
 
 
 def test_bootstrap_interval_of_the_mean_over_seeds():
-    from beatloop.compare import bootstrap_interval
+    from beatloop.compare_report import bootstrap_interval
 
     assert bootstrap_interval([0.75]) == (0.75, 0.75)  # one seed: just the value
     spread = [0.80, 0.90, 0.85]
@@ -95,7 +95,7 @@ def test_bootstrap_interval_of_the_mean_over_seeds():
 
 def _row(label, values, quality=("val_accuracy", "max")):
     """A hand-made row of compare.json, as ``compare`` writes it for these seeds' values."""
-    from beatloop.compare import bootstrap_interval
+    from beatloop.compare_report import bootstrap_interval
 
     mean = sum(values) / len(values)
     return {
@@ -118,7 +118,7 @@ def _row(label, values, quality=("val_accuracy", "max")):
 
 
 def test_the_best_quality_leads_clearly_only_outside_the_others_intervals():
-    from beatloop.compare import format_table, quality_lead
+    from beatloop.compare_report import format_table, quality_lead
 
     apart = [_row("a", [0.80, 0.81, 0.82]), _row("b", [0.90, 0.91, 0.92])]
     assert quality_lead(apart) == {"best": "b", "clear": True, "figure": "val_accuracy"}

@@ -69,7 +69,8 @@ def add_command(commands) -> None:
 
 def run(args) -> int:
     from beatloop.cli.options import data_option
-    from beatloop.compare import compare, format_table, parse_entries
+    from beatloop.compare import compare, parse_entries
+    from beatloop.compare_report import format_table
     from beatloop.core.errors import ConfigError
     from beatloop.plugins.registry import get_recipe
 
