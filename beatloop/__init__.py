@@ -24,6 +24,7 @@ _EXPORTS = {
     "restore": "beatloop.fitting",
     "evaluate": "beatloop.fitting",
     "tune": "beatloop.tuning",
+    "TuneResult": "beatloop.tuning",
     "FitResult": "beatloop.core.result",
     "Engine": "beatloop.core.engine",
     "EngineOptions": "beatloop.core.options",
@@ -204,4 +205,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.sources.base import DataSource, InferredSettingWarning, SourceConfig
     from beatloop.sources.identity import DataChangedWarning
     from beatloop.sources.named import load_data
-    from beatloop.tuning import tune
+    from beatloop.tuning import TuneResult, tune
