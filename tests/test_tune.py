@@ -144,8 +144,9 @@ def test_a_four_trial_study_on_two_jobs_finishes_and_its_best_trial_replays_bit_
     assert f"trial {best.number}: val_accuracy {best.value:.6g}" in printed
     assert result.best_config == {"batch_size": 256, **best.params}
     # Importances need two finished trials that fANOVA can tell apart; pruning decides.
-    assert result.plots[0] == out / "history.png" and all(p.is_file() for p in result.plots)
-    assert result.best_toml == out / "best.toml"
+    assert result.plots[0].resolve() == out / "history.png"
+    assert all(p.is_file() for p in result.plots)
+    assert result.best_toml.resolve() == out / "best.toml"
     table = format_trials(result.study, result.spec).splitlines()
     assert table[3].split()[:2] == [str(best.number), f"{best.value:.6g}"]
 
@@ -169,38 +170,56 @@ def start_tune(out, *extra: str):
                         "--out", str(out), *extra)  # fmt: skip
 
 
-@pytest.mark.slow
-def test_a_killed_study_resumes_its_running_trial_exactly_and_loses_or_repeats_none(tmp_path):
-    out = tmp_path / "study"
-    budget = ["--trials", "2", "--epochs", "40", "--pruner", "none"]
-    first = start_tune(out, *budget)
-    checkpoint = out / "trial-0001" / "checkpoints" / "checkpoint"
+def wait_for_checkpoint(out, number: int, process) -> None:
+    """Until trial ``number`` has a checkpoint (the command still running)."""
+    checkpoint = out / f"trial-{number:04d}" / "checkpoints" / "checkpoint"
     deadline = time.monotonic() + 240
     while not checkpoint.exists():
-        assert first.poll() is None, first.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "trial 1 made no checkpoint"
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"trial {number} made no checkpoint"
         time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_loses_or_repeats_none(
+    tmp_path,
+):
+    out = tmp_path / "study"
+    budget = ["--trials", "3", "--epochs", "40", "--pruner", "none"]
+    first = start_tune(out, *budget)
+    wait_for_checkpoint(out, 1, first)
     os.kill(first.pid, signal.SIGKILL)  # its trial's process dies with it
     first.communicate()
     assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "RUNNING"]
     complete = trials_of(out)[0].value
 
-    again = start_tune(out, *budget)
-    printed, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err[-3000:]
+    second = start_tune(out, *budget)  # resumes trial 1, then starts trial 2: Ctrl-C there
+    wait_for_checkpoint(out, 2, second)
+    second.send_signal(signal.SIGINT)
+    printed, _ = second.communicate(timeout=300)
+    assert second.returncode == 130
     assert "resuming trial(s) 1" in printed
+    assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "COMPLETE", "RUNNING"]
+    assert "the same command resumes it" in (out / "logs" / "trial-0002.log").read_text()
+
+    third = start_tune(out, *budget)
+    printed, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err[-3000:]
+    assert "resuming trial(s) 2" in printed
     trials = trials_of(out)
-    assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE"), (1, "COMPLETE")]
+    assert [(t.number, t.state.name) for t in trials] == [(n, "COMPLETE") for n in range(3)]
     assert trials[0].value == complete  # the finished trial is kept as it was
-    # Trial 1 resumed from its checkpoint and ended on the weights of an uninterrupted run.
-    resumed = out / "trial-0001"
-    assert '"resumed_from": null' not in (resumed / "run.json").read_text()
-    replay = tmp_path / "uninterrupted"
-    assert main(["run", "--config", str(resumed / "run.json"), "--run-dir", str(replay),
-                 "--quiet"]) == 0  # fmt: skip
-    trained, again_trained = model_variables(resumed), model_variables(replay)
-    for name, value in trained.items():
-        np.testing.assert_array_equal(again_trained[name], value, err_msg=name)
+    # Trials 1 and 2 resumed from their checkpoints and ended on the weights of
+    # uninterrupted runs.
+    for number in (1, 2):
+        resumed = out / f"trial-{number:04d}"
+        assert '"resumed_from": null' not in (resumed / "run.json").read_text()
+        replay = tmp_path / f"uninterrupted-{number}"
+        assert main(["run", "--config", str(resumed / "run.json"), "--run-dir", str(replay),
+                     "--quiet"]) == 0  # fmt: skip
+        trained, again = model_variables(resumed), model_variables(replay)
+        for name, value in trained.items():
+            np.testing.assert_array_equal(again[name], value, err_msg=f"trial {number} {name}")
 
 
 @pytest.mark.slow

@@ -49,17 +49,13 @@ def load_study(spec: StudySpec, create: bool = False):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=spec.seed)
-    study = optuna.create_study(
-        storage=_storage(spec),
-        study_name=spec.name,
-        direction=spec.objective.optuna_direction,
-        sampler=sampler,
-        pruner=_pruner(spec),
-        load_if_exists=True,
-    ) if create else optuna.load_study(
-        study_name=spec.name, storage=_storage(spec), sampler=sampler, pruner=_pruner(spec)
-    )  # fmt: skip
+    options = {"study_name": spec.name, "storage": _storage(spec), "pruner": _pruner(spec),
+               "sampler": optuna.samplers.TPESampler(seed=spec.seed)}  # fmt: skip
+    if create:
+        direction = spec.objective.optuna_direction
+        study = optuna.create_study(direction=direction, load_if_exists=True, **options)
+    else:
+        study = optuna.load_study(**options)
     made_with = study.user_attrs.get("spec")
     if made_with is None:
         study.set_user_attr("spec", spec.identity())
@@ -134,7 +130,11 @@ class TrialProcesses:
         command = [sys.executable, "-m", "beatloop.tuning.trial"]
         command += [json.dumps(spec_to_json(self.spec)), str(number)]
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # A session of its own: Ctrl-C reaches the command only, which stops each trial
+        # with one SIGTERM (a second signal would stop it before its checkpoint).
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         self.running[number] = (process, log)
 
     def log(self, number: int) -> Path:
@@ -150,10 +150,20 @@ class TrialProcesses:
                 ended.append((number, process.returncode))
         return ended
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace: float = 120) -> None:
+        """Stop the running trials: SIGTERM first, so each saves a checkpoint at its next
+        call boundary and stays running in the study (the same command resumes it), then
+        SIGKILL for any still there after ``grace`` seconds."""
+        for process, _ in self.running.values():
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + grace
         for process, log in self.running.values():
-            process.kill()
-            process.wait()
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             log.close()
         self.running.clear()
 

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from beatloop.core.callbacks import Callback
-from beatloop.core.errors import BeatloopError, ConfigError, RunDirError
+from beatloop.core.errors import BeatloopError, ConfigError, RunDirError, RunInterrupted
 from beatloop.tuning.spec import Objective, StudySpec, spec_from_json
 
 
@@ -81,6 +81,9 @@ def run_trial(spec: StudySpec, number: int) -> int:
     except RunDirError as error:  # another process runs this trial: leave it to that one
         print(f"trial {number}: {error}", file=sys.stderr)
         return error.exit_code
+    except RunInterrupted as stopped:  # checkpointed: still running in the study, resumable
+        print(f"trial {number}: stopped ({stopped}); the same command resumes it", file=sys.stderr)
+        return stopped.exit_code
     except BeatloopError as error:
         trial.set_user_attr("error", str(error))
         if _within(error, ObjectiveNotLogged):
