@@ -226,6 +226,7 @@ def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_los
 def test_two_commands_on_one_storage_share_the_study(tmp_path):
     out = tmp_path / "study"
     budget = ["--trials", "4", "--epochs", "1", "--set", "hidden=8"]
+    budget += ["--objective", "val_loss:min", "--pruner", "hyperband"]
     both = [start_tune(out, *budget), start_tune(out, *budget)]
     for process in both:
         _, err = process.communicate(timeout=300)
@@ -234,3 +235,8 @@ def test_two_commands_on_one_storage_share_the_study(tmp_path):
     assert sorted(t.number for t in trials) == [0, 1, 2, 3]
     assert all(t.state.name == "COMPLETE" for t in trials)
     assert len({t.user_attrs["pid"] for t in trials}) == 2  # each command ran some
+    for trial in trials:  # judged by the figure named, at the last epoch
+        last = json.loads((out / f"trial-{trial.number:04d}" / "history.jsonl").read_text())
+        assert trial.value == last["val_loss"]
+    best = tomllib.loads((out / "best.toml").read_text())["config"]["learning_rate"]
+    assert best == min(trials, key=lambda t: t.value).params["learning_rate"]
