@@ -91,6 +91,10 @@ def run_trial(spec: StudySpec, number: int) -> int:
         study.tell(number, state=optuna.trial.TrialState.FAIL)
         print(f"trial {number}: {error}", file=sys.stderr)
         return error.exit_code
+    except Exception as error:  # a bug: the trial fails, its traceback goes to its log
+        trial.set_user_attr("error", f"{type(error).__name__}: {error}")
+        study.tell(number, state=optuna.trial.TrialState.FAIL)
+        raise
     if reporter.pruned:
         study.tell(number, state=optuna.trial.TrialState.PRUNED)
     else:
