@@ -222,6 +222,48 @@ def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_los
             np.testing.assert_array_equal(again[name], value, err_msg=f"trial {number} {name}")
 
 
+MAKE_TOGETHER = """
+import sys, time
+from pathlib import Path
+import optuna.storages
+from beatloop.tuning.spec import Objective, StudySpec
+from beatloop.tuning.study import ask_within_budget, load_study
+out, me, everyone = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+def all_at(stage):  # a barrier: go on when every process has reached ``stage``
+    (out / f"{stage}-{me}").touch()
+    deadline = time.time() + 60
+    while len(list(out.glob(f"{stage}-*"))) < everyone and time.time() < deadline:
+        time.sleep(0.005)
+
+spec = StudySpec("supervised", ("hidden=int:4:8",), Objective("val_loss", "min"), out,
+                 trials=2)
+all_at("open")
+study = load_study(spec, create=True)
+hidden = optuna.distributions.IntDistribution(4, 8)
+all_at("ask")
+print(ask_within_budget(study, spec, {"hidden": hidden}) is not None)
+"""
+
+
+@pytest.mark.slow
+def test_commands_started_together_on_a_new_sqlite_file_share_one_study_and_its_budget(
+    tmp_path,
+):
+    """Three commands open a new study's SQLite file at once (its tables made by one of
+    them, not three: else Alembic's version row is inserted twice), then each asks for a
+    trial of a 2-trial study: two get one, the third none (counted and asked in turn)."""
+    together = [start_python("-c", MAKE_TOGETHER, tmp_path, me, 3) for me in range(3)]
+    outputs = [p.communicate(timeout=120) for p in together]
+    assert [p.returncode for p in together] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    assert sorted(out.strip() for out, _ in outputs) == ["False", "True", "True"]
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    assert optuna.study.get_all_study_names(storage) == ["supervised"]
+    study = optuna.load_study(study_name="supervised", storage=storage)
+    assert study.user_attrs["spec"]["space"] == ["hidden=int:4:8"]
+    assert sorted(t.number for t in study.trials) == [0, 1]
+
+
 @pytest.mark.slow
 def test_two_commands_on_one_storage_share_the_study(tmp_path):
     out = tmp_path / "study"

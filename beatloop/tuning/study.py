@@ -6,6 +6,8 @@ next trial, and a trial's process tells the study how it ended."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -33,14 +35,42 @@ def _pruner(spec: StudySpec):
 
 
 def _storage(spec: StudySpec):
+    """The study's RDB storage. Making its tables is serialised: two commands started
+    together on a new SQLite file hold its lock in turn, and on a server database a
+    command that loses the race to make them tries once more (the tables exist then)."""
     import optuna
 
     url = spec.storage_url
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as error:  # SQLAlchemy's errors name the URL's problem
-        raise ConfigError(f"--storage {url}: {error}") from None
+    with _storage_lock(url):
+        for attempt in (1, 2):
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            except Exception as error:  # SQLAlchemy's errors name the URL's problem
+                if attempt == 2 or url.startswith("sqlite"):
+                    raise ConfigError(f"--storage {url}: {error}") from None
+                time.sleep(1.0)
+
+
+@contextlib.contextmanager
+def _storage_lock(url: str):
+    """An exclusive ``flock`` beside an SQLite file, for what commands sharing it must do
+    in turn (make its tables; count its trials and ask for one); nothing for in-memory
+    SQLite or a server URL."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        yield
+        return
+    lock_path = Path(url[len(prefix) :] + ".lock")
+    if not lock_path.parent.is_dir():  # SQLite names the missing folder
+        yield
+        return
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load_study(spec: StudySpec, create: bool = False):
@@ -187,8 +217,8 @@ def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = prin
                 if waiting:
                     processes.start(study, waiting.pop(0))
                     continue
-                if len(study.get_trials(deepcopy=False)) < spec.trials:
-                    trial = study.ask(distributions)
+                trial = ask_within_budget(study, spec, distributions)
+                if trial is not None:
                     echo(f"trial {trial.number}: {_point(trial.params)}")
                     processes.start(study, trial.number)
                     continue
@@ -197,6 +227,23 @@ def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = prin
             time.sleep(0.1)
     finally:
         processes.stop_all()
+
+
+def ask_within_budget(study, spec: StudySpec, distributions: dict):
+    """A new trial of ``study``, or None once it holds ``spec.trials``. Commands sharing
+    an SQLite file count and ask in turn; on a server database two machines may ask at
+    once, and the one whose trial is over the budget marks it failed, untrained."""
+    from optuna.trial import TrialState
+
+    with _storage_lock(spec.storage_url):
+        if len(study.get_trials(deepcopy=False)) >= spec.trials:
+            return None
+        trial = study.ask(distributions)
+    if trial.number < spec.trials:
+        return trial
+    trial.set_user_attr("error", f"over the study's {spec.trials} trials: not trained")
+    study.tell(trial, state=TrialState.FAIL)
+    return None
 
 
 def _distributions(spec: StudySpec) -> dict:
