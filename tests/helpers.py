@@ -5,6 +5,10 @@ as it does for ``conftest``); the scripts under ``workers/`` and ``fixtures/`` a
 folder to their path first. Fixtures live in ``conftest.py``; everything here is a
 plain function or class, usable from a test, a fixture or a worker process alike.
 
+Other Python processes start through ``start_python`` and ``run_python``: forked from a
+zygote that has TensorFlow imported (``forked.py``), unless a test needs a fresh
+interpreter (``fresh=True``, or an environment TensorFlow reads as it is imported).
+
 Weights come in two shapes, and every comparison below takes either:
 
 - a list of arrays, one model's (``model_weights``);
@@ -27,6 +31,7 @@ from typing import NamedTuple
 import keras
 import numpy as np
 import tensorflow as tf
+from forked import ForkedProcess, start_forked
 
 import beatloop
 
@@ -172,12 +177,29 @@ def python_env(**changes: str | None) -> dict[str, str]:
     return env
 
 
-def start_python(*args: str, python=sys.executable, **env: str | None) -> subprocess.Popen:
+def start_python(
+    *args: str, python=sys.executable, fresh: bool = False, **env: str | None
+) -> subprocess.Popen | ForkedProcess:
     """Start ``python ARGS`` in the environment ``python_env`` gives for ``env``,
-    its stdout and stderr read back as text; the caller waits for it."""
-    command = [str(python), *map(str, args)]
+    its stdout and stderr read back as text; the caller waits for it. It is forked from
+    a zygote with TensorFlow imported (``forked.py``) unless it must start afresh:
+    ``fresh``, another ``python``, ``pip`` or ``venv``, or ``env`` changing more than a
+    cluster's ``TF_CONFIG`` (a setting TensorFlow may read as it is imported)."""
+    args = tuple(map(str, args))
+    if _forkable(args, python, fresh, env):
+        return start_forked(args, python_env(**env))
+    command = [str(python), *args]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(**env)
+    )
+
+
+def _forkable(args: tuple[str, ...], python, fresh: bool, env: dict) -> bool:
+    return (
+        not fresh
+        and str(python) == sys.executable
+        and args[:2] not in (("-m", "pip"), ("-m", "venv"))
+        and set(env) <= {"TF_CONFIG"}
     )
 
 
@@ -195,19 +217,25 @@ def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> None:
                 process.communicate()
 
 
-def run_python(*args: str, python=sys.executable, timeout: float = 300, **env: str | None) -> str:
+def run_python(
+    *args: str,
+    python=sys.executable,
+    timeout: float = 300,
+    fresh: bool = False,
+    **env: str | None,
+) -> str:
     """Run ``python ARGS`` to its end as ``start_python`` starts it (killed after
     ``timeout`` seconds) and return its stdout; a non-zero exit fails the test with the
     end of its stderr."""
-    done = subprocess.run(
-        [str(python), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=python_env(**env),
-    )
-    assert done.returncode == 0, f"{args} exited with {done.returncode}:\n{done.stderr[-3000:]}"
-    return done.stdout
+    process = start_python(*args, python=python, fresh=fresh, **env)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, f"{args} exited with {process.returncode}:\n{err[-3000:]}"
+    return out
 
 
 def worker(name: str):

@@ -156,7 +156,7 @@ def test_import_loads_neither_tensorflow_nor_plugins():
         "import sys, beatloop; "
         "print('tensorflow' in sys.modules, 'beatloop.plugins.registry' in sys.modules)"
     )
-    assert run_python("-c", code).split() == ["False", "False"]
+    assert run_python("-c", code, fresh=True).split() == ["False", "False"]
 
 
 PARTIAL_SCHEDULE = '''

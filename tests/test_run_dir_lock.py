@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -110,13 +108,14 @@ def test_a_second_run_on_a_run_dir_in_use_is_refused_and_the_first_goes_on_alone
     while not paused.exists():  # the first run holds the run dir, mid-epoch
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
         time.sleep(0.2)
-    command = [sys.executable, "-m", "beatloop", "run", "supervised", "--epochs", "2"]
-    command += ["--seed", "3", "--set", "batch_size=64", "--run-dir", str(shared), "--quiet"]
-    second = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    command = ["-m", "beatloop", "run", "supervised", "--epochs", "2", "--seed", "3"]
+    command += ["--set", "batch_size=64", "--run-dir", str(shared), "--quiet"]
+    second = start_python(*command)
+    _, second_err = second.communicate(timeout=240)
     go.write_text("")
 
-    assert second.returncode == 5, second.stderr
-    (line,) = second.stderr.strip().splitlines()
+    assert second.returncode == 5, second_err
+    (line,) = second_err.strip().splitlines()
     assert line.startswith(f"beatloop: error: the run dir {shared} is in use by another run")
     assert f"(pid {first.pid} on " in line
     _, err = first.communicate(timeout=300)

@@ -110,14 +110,12 @@ def test_a_process_sent_sigterm_mid_epoch_exits_143_and_resumes_bit_identical(tm
 
 @pytest.mark.slow
 def test_beatloop_run_sent_sigterm_exits_143_with_a_checkpoint(tmp_path):
-    import subprocess
-    import sys
     import time
 
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "beatloop", "run", "supervised", "--epochs", "200"]
-    command += ["--seed", "0", "--run-dir", str(run_dir), "--quiet", "--set", "batch_size=64"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = ["-m", "beatloop", "run", "supervised", "--epochs", "200", "--seed", "0"]
+    command += ["--run-dir", str(run_dir), "--quiet", "--set", "batch_size=64"]
+    process = start_python(*command)
     deadline = time.monotonic() + 180
     while not (run_dir / "history.jsonl").exists():  # training is under way
         assert process.poll() is None and time.monotonic() < deadline

@@ -196,8 +196,8 @@ def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_los
     second = start_tune(out, *budget)  # resumes trial 1, then starts trial 2: Ctrl-C there
     wait_for_checkpoint(out, 2, second)
     second.send_signal(signal.SIGINT)
-    printed, _ = second.communicate(timeout=300)
-    assert second.returncode == 130
+    printed, err = second.communicate(timeout=300)
+    assert second.returncode == 130, (printed[-2000:], err[-2000:])
     assert "resuming trial(s) 1" in printed
     assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "COMPLETE", "RUNNING"]
     assert "the same command resumes it" in (out / "logs" / "trial-0002.log").read_text()
