@@ -142,6 +142,14 @@ def _wait_until_adopted(pid: int) -> None:
 _zygotes: dict[str, _Zygote] = {}
 
 
+def _task_index(env: dict[str, str]) -> int | None:
+    """A cluster worker's index: each index forks from a zygote of its own, so the workers
+    of one cluster differ in hash seed as separate interpreters do (an order of names
+    that varied between them would show)."""
+    task = json.loads(env.get("TF_CONFIG") or "{}").get("task") or {}
+    return task.get("index")
+
+
 def _per_child(name: str) -> bool:
     """Variables read after start-up (a cluster's TF_CONFIG, pytest's own), which the
     zygote's import does not depend on."""
@@ -151,8 +159,10 @@ def _per_child(name: str) -> bool:
 def start_forked(args: list[str], env: dict[str, str]) -> ForkedProcess:
     """``python ARGS`` in ``env``, forked from this process's zygote (started first if
     there is none yet). The zygote imports TensorFlow under ``env``'s import-time
-    settings, so a call with other ones gets a zygote of its own."""
-    key = json.dumps({k: v for k, v in sorted(env.items()) if not _per_child(k)})
+    settings, so a call with other ones gets a zygote of its own, as does each worker
+    index of a cluster. Children of one zygote share its hash seed."""
+    key = json.dumps([{k: v for k, v in sorted(env.items()) if not _per_child(k)},
+                      _task_index(env)])  # fmt: skip
     zygote = _zygotes.get(key)
     if zygote is None or zygote.process.poll() is not None:
         zygote = _zygotes[key] = _Zygote(env)

@@ -75,3 +75,15 @@ def test_a_child_that_must_start_afresh_is_not_forked():
     assert forked.communicate(120)[0] == "True\n"  # the zygote's import
     other = start_python("-c", "pass", TF_ENABLE_ONEDNN_OPTS="0")  # read at import
     assert isinstance(other, subprocess.Popen) and other.wait(120) == 0
+
+
+@pytest.mark.slow
+def test_the_workers_of_one_cluster_differ_in_hash_seed_as_separate_interpreters_do():
+    def hashed(**env) -> str:
+        return run_python("-c", "print(hash('beatloop'))", **env)
+
+    def cluster(index: int) -> str:
+        return json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": index}})
+
+    assert hashed(TF_CONFIG=cluster(0)) != hashed(TF_CONFIG=cluster(1))
+    assert hashed(TF_CONFIG=cluster(1)) == hashed(TF_CONFIG=cluster(1))  # one zygote's
