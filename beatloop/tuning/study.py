@@ -10,9 +10,11 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -204,29 +206,54 @@ def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = prin
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     spec.out.mkdir(parents=True, exist_ok=True)
     study = load_study(spec, create=True)
-    distributions = _distributions(spec)
     waiting = orphaned(study, spec)
     if waiting:
         echo(f"resuming trial(s) {', '.join(map(str, waiting))} of a study that was stopped")
     processes = TrialProcesses(spec, echo)
     try:
-        while True:
-            for number, status in processes.finished():
-                _report_end(study, spec, number, status, processes.log(number), echo)
-            if len(processes.running) < jobs:
-                if waiting:
-                    processes.start(study, waiting.pop(0))
-                    continue
-                trial = ask_within_budget(study, spec, distributions)
-                if trial is not None:
-                    echo(f"trial {trial.number}: {_point(trial.params)}")
-                    processes.start(study, trial.number)
-                    continue
-            if not processes.running:
-                return study
-            time.sleep(0.1)
+        with ctrl_c_as_request() as interrupted:
+            _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo)
+        return study
     finally:
         processes.stop_all()
+
+
+def _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo) -> None:
+    """Start trials (the waiting ones first) while fewer than ``jobs`` run and the study
+    wants more; return when none runs, raise KeyboardInterrupt at a Ctrl-C."""
+    distributions = _distributions(spec)
+    while not interrupted:
+        for number, status in processes.finished():
+            _report_end(study, spec, number, status, processes.log(number), echo)
+        if len(processes.running) < jobs:
+            if waiting:
+                processes.start(study, waiting.pop(0))
+                continue
+            trial = ask_within_budget(study, spec, distributions)
+            if trial is not None:
+                echo(f"trial {trial.number}: {_point(trial.params)}")
+                processes.start(study, trial.number)
+                continue
+        if not processes.running:
+            return
+        time.sleep(0.1)
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_as_request():
+    """Ctrl-C (SIGINT) noted in the list yielded, for the loop to act on at its next
+    turn: a KeyboardInterrupt raised wherever the signal lands is lost when that is a
+    finalizer (SQLAlchemy's and Optuna's objects have them), and the study ran on."""
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested  # signals reach the main thread only
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, _: requested.append(signum))
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def ask_within_budget(study, spec: StudySpec, distributions: dict):
