@@ -104,25 +104,6 @@ def pytest_collection_modifyitems(config, items):
         name = Path(str(item.path)).name
         counts[name] = counts.get(name, 0) + 1
     config.stash[COLLECTED] = counts
-    heaviest_files_first(items)
-
-
-#: What a test costs, roughly, in seconds: one that starts other processes (``slow``) about
-#: fifteen times one that runs in this process.
-SLOW_TEST_COST, TEST_COST = 15, 1
-
-
-def heaviest_files_first(items: list) -> None:
-    """Order the files by their estimated cost, heaviest first, each file's tests in their
-    own order: xdist (``--dist loadfile``, its own reordering off) then hands each idle
-    worker the heaviest file left, so no long file starts last while the other worker
-    idles."""
-    cost: dict[Path, int] = {}
-    for item in items:
-        slow = item.get_closest_marker("slow") is not None
-        cost[item.path] = cost.get(item.path, 0) + (SLOW_TEST_COST if slow else TEST_COST)
-    first_seen = {path: index for index, path in enumerate(cost)}
-    items.sort(key=lambda item: (-cost[item.path], first_seen[item.path]))
 
 
 @pytest.hookimpl(optionalhook=True)
