@@ -3,6 +3,7 @@ under "auto" trains exactly as K=1 does, resumes across a change of K, records t
 chosen, and lets a callback ask for one step per call."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -202,9 +203,11 @@ def test_the_command_line_says_the_k_it_chose(tmp_path, capsys):
     code = main([*arguments, "--seed", "0", "--run-dir", str(tmp_path / "run"), "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    chosen = json.loads((tmp_path / "run" / "run.json").read_text())
-    line = f"steps per call: {chosen['chosen_steps_per_execution']} (chosen by"
-    assert line in out
+    chosen = json.loads((tmp_path / "run" / "run.json").read_text())["chosen_steps_per_execution"]
+    if chosen is None:  # a loaded machine's timings did not settle within the run
+        assert re.search(r"steps per call: \d+ \(still being timed by", out), out
+    else:
+        assert f"steps per call: {chosen} (chosen by --steps-per-execution auto)" in out, out
     command = [sys.executable, "-m", "beatloop", *arguments]
     bad = subprocess.run(
         [*command, "--steps-per-execution", "none"], capture_output=True, text=True,
