@@ -24,10 +24,10 @@ from pathlib import Path
 import attrs
 
 from beatloop import __version__
+from beatloop.cache import CACHE_DIR as CACHE_DIR  # the variable, named where tests read it
+from beatloop.cache import cache_dir
 from beatloop.plugins.hookspecs import DISABLE_AUTOLOAD, ENTRY_POINT_GROUP
 
-#: Where the cache lives when set (else ``$XDG_CACHE_HOME/beatloop``, else ``~/.cache/beatloop``).
-CACHE_DIR = "BEATLOOP_CACHE_DIR"
 #: Bumped when the file's layout changes, so an older file is a miss.
 FORMAT = 1
 #: At most this many files of one plugin are stamped (a large package: the rest unstamped).
@@ -228,15 +228,6 @@ def _digest(text: str) -> str:
 
 
 # -- the file ---------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """``$BEATLOOP_CACHE_DIR``, else ``$XDG_CACHE_HOME/beatloop``, else
-    ``~/.cache/beatloop``."""
-    if os.environ.get(CACHE_DIR):
-        return Path(os.environ[CACHE_DIR]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "beatloop"
 
 
 def cache_path() -> Path:

@@ -8,16 +8,28 @@ collapse to a few?), and ``exp(E_x KL(p(y|x) || p(y)))`` — the Inception Score
 (Salimans et al., 2016) with this classifier — between 1 (uninformative or collapsed)
 and 10 (confident and evenly spread). They measure what the classifier can tell, not
 perceptual quality: a generator could fool a 64-pixel MLP with odd images.
+
+Training the classifier takes seconds, so its weights are kept: in the run dir (a resumed
+run reads the very weights it started with), in the process, and in beatloop's cache
+directory (``beatloop.cache``) under a name that changes with every version its training
+depends on, so each new process of the same installation loads them instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import platform
 from pathlib import Path
 
 import attrs
 import keras
 import numpy as np
 import tensorflow as tf
+
+from beatloop.cache import cache_dir as beatloop_cache_dir
 
 CLASSIFIER_FILE = "digits_classifier.weights.h5"
 _TRAINED_WEIGHTS: list[np.ndarray] | None = None  # trained once per process
@@ -68,25 +80,72 @@ def _train(model: keras.Model) -> None:
 
 
 def digits_classifier(cache_dir: str | Path | None = None) -> keras.Model:
-    """The quality classifier: read from ``cache_dir`` if saved there, else trained (once
-    per process) and saved there for the next run."""
-    global _TRAINED_WEIGHTS
+    """The quality classifier: read from ``cache_dir`` (a run dir) if saved there, else
+    the process's (read from beatloop's cache or trained, once per process), then saved
+    in ``cache_dir`` for the run's next start."""
     model = _build_classifier()
     path = None if cache_dir is None else Path(cache_dir) / CLASSIFIER_FILE
     if path is not None and path.exists():
         model.load_weights(path)
         return model
-    if _TRAINED_WEIGHTS is None:
-        _train(model)
-        _TRAINED_WEIGHTS = model.get_weights()
-    else:
-        model.set_weights(_TRAINED_WEIGHTS)
+    model.set_weights(_trained_weights())
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"partial.{path.name}")
+        _save(model, path)
+    return model
+
+
+def _trained_weights() -> list[np.ndarray]:
+    """The trained classifier's weights, once per process."""
+    global _TRAINED_WEIGHTS
+    if _TRAINED_WEIGHTS is None:
+        _TRAINED_WEIGHTS = _cached_or_trained()
+    return _TRAINED_WEIGHTS
+
+
+def shared_file() -> Path:
+    """Where beatloop's cache keeps the trained weights: one file for each set of versions
+    (TensorFlow, Keras, NumPy, scikit-learn's digits, oneDNN on or off, the CPU's kind)
+    that training's result depends on."""
+    import sklearn
+
+    depends_on = {
+        "classifier": 1,  # bumped when _build_classifier or _train changes
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "sklearn": sklearn.__version__,
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", ""),
+        "machine": platform.machine(),
+    }
+    digest = hashlib.sha256(json.dumps(depends_on, sort_keys=True).encode()).hexdigest()
+    return beatloop_cache_dir() / "quality" / f"digits-{digest[:16]}.weights.h5"
+
+
+def _cached_or_trained() -> list[np.ndarray]:
+    """Weights read from beatloop's cache, else trained and written there (a cache that
+    cannot be read or written is passed over: the classifier is trained)."""
+    model = _build_classifier()
+    shared = shared_file()
+    with contextlib.suppress(OSError, ValueError):
+        if shared.is_file():
+            model.load_weights(shared)
+            return model.get_weights()
+    _train(model)
+    with contextlib.suppress(OSError):
+        _save(model, shared)
+    return model.get_weights()
+
+
+def _save(model: keras.Model, path: Path) -> None:
+    """``model``'s weights to ``path``, whole: written beside it under a name of this
+    process's, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"partial-{os.getpid()}.{path.name}")
+    try:
         model.save_weights(partial)
         partial.replace(path)
-    return model
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def sample_quality(samples: np.ndarray, classifier: keras.Model) -> SampleQuality:

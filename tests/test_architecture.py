@@ -125,6 +125,7 @@ LAYERS = (
     (
         "helpers",
         (
+            "beatloop.cache",
             "beatloop.terminal",
             "beatloop.ignored_settings",
             "beatloop.images",

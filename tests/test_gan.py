@@ -94,6 +94,54 @@ def test_quality_figures_on_real_digits_and_on_a_collapsed_batch():
     assert collapsed.classes == 1 and collapsed.score == pytest.approx(1.0, abs=1e-6)
 
 
+def stand_in_training(calls: list):
+    """A stand-in for the classifier's training (seconds): weights 0.5, 1.5, ... by
+    position, each call recorded."""
+
+    def train(model):
+        calls.append(model)
+        model.set_weights(
+            [np.full(w.shape, i + 0.5, np.float32) for i, w in enumerate(model.get_weights())]
+        )
+
+    return train
+
+
+def test_the_trained_classifier_is_kept_in_beatloops_cache_for_the_next_process(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("BEATLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(quality, "_train", stand_in_training(calls))
+    monkeypatch.setattr(quality, "_TRAINED_WEIGHTS", None)  # as in a new process
+    shared = quality.shared_file()
+    assert shared.parent == tmp_path / "cache" / "quality" and not shared.exists()
+    trained = quality.digits_classifier().get_weights()
+    assert len(calls) == 1 and list(shared.parent.iterdir()) == [shared]  # no partial file
+    # The next process reads the weights, bit for bit, and trains nothing.
+    monkeypatch.setattr(quality, "_TRAINED_WEIGHTS", None)
+    loaded = quality.digits_classifier(tmp_path / "run").get_weights()
+    assert len(calls) == 1
+    for first, second in zip(trained, loaded, strict=True):
+        np.testing.assert_array_equal(first, second)
+    assert (tmp_path / "run" / quality.CLASSIFIER_FILE).is_file()  # and the run dir's copy
+    # Another version of what training depends on is another file.
+    monkeypatch.setattr(keras, "__version__", keras.__version__ + ".other")
+    assert quality.shared_file() != shared
+    monkeypatch.undo()
+    monkeypatch.setenv("BEATLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(quality, "_train", stand_in_training(calls))
+    # A cache file that cannot be read, or a cache dir that cannot be made: trained.
+    shared.write_bytes(b"not an HDF5 file")
+    monkeypatch.setattr(quality, "_TRAINED_WEIGHTS", None)
+    quality.digits_classifier()
+    assert len(calls) == 2 and shared.stat().st_size > 100  # written again, whole
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("BEATLOOP_CACHE_DIR", str(tmp_path / "a file" / "cache"))
+    monkeypatch.setattr(quality, "_TRAINED_WEIGHTS", None)
+    assert len(quality.digits_classifier().get_weights()) == 4 and len(calls) == 3
+
+
 def test_conv_architecture_on_image_shaped_data_writes_sample_grids(tmp_path):
     train, _ = digits_arrays(0, signed=True)
     images = dict_batches({"x": train["x"].reshape(-1, 8, 8)}, 32, 64)
