@@ -12,27 +12,26 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit, batch_shapes, check_split
+from beatloop.core.batches import DataSplit, check_split
 from beatloop.core.binding import BoundSchedule
 from beatloop.core.building import build_unbuilt
 from beatloop.core.callbacks import Callback
 from beatloop.core.collectives import Gathering
 from beatloop.core.counters import Counters
 from beatloop.core.errors import (
-    BeatloopError,
     ConfigError,
-    DataError,
-    UserCodeError,
     did_you_mean,
 )
+from beatloop.core.gradient_probe import GradientProbe, raise_found
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.loss_watch import loss_watches
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.naming import RunNames, warn_history_named
 from beatloop.core.numerics import DivergenceGuard
-from beatloop.core.op_errors import data_errors, failure_message
+from beatloop.core.op_errors import data_errors, schedule_errors
 from beatloop.core.options import EngineOptions
 from beatloop.core.phased import PhasedRun, bind_schedule, in_phase, phase_parts
+from beatloop.core.phases import Phases
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
@@ -120,9 +119,11 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
         schedule = recipe.schedule()
+        # A loop traced as it is built finds the gradients' problems itself (one trace).
+        traced = strategy is None and not options.debug
         with data_errors("training", label):
             bounds = _bind(recipe, schedule, built_models, built_optimizers, spec, random,
-                           label, strategy, state)  # fmt: skip
+                           label, strategy, state, probe=not traced)  # fmt: skip
         check_every(strategy, bounds, label)
         beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
         beat_names = list(dict.fromkeys(beat.name for beat in beats))
@@ -134,11 +135,15 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
     # Like the counters, outside the replicas: updated on the checks summed over them.
     guards = [_guard(bound, options) for bound in bounds]
     # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
+    probes = [GradientProbe() if traced else None for _ in bounds]
     loops = [
         _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options,
-               strategy, label, guard, validation_random)
-        for bound, guard in zip(bounds, guards, strict=True)
+               strategy, label, guard, validation_random, probe)
+        for bound, guard, probe in zip(bounds, guards, probes, strict=True)
     ]  # fmt: skip
+    if traced:
+        names = [phase.name for phase in schedule.phases] if isinstance(schedule, Phases) else []
+        raise_found(probes, f"the schedule of {label}", names)
     phased = phase_parts(schedule, bounds, loops, guards, train_metrics, validation_metrics)
     return RunParts(
         recipe=recipe,
@@ -165,10 +170,11 @@ def _guard(bound: BoundSchedule, options: EngineOptions) -> DivergenceGuard | No
 
 def _loops(
     recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy, label,
-    divergence=None, validation_random=None,
+    divergence=None, validation_random=None, probe=None,
 ):  # fmt: skip
     """The compiled training loop and, with validation data, the validation loop, each
-    traced on its own data set's spec (errors name the recipe ``label`` and the data)."""
+    traced on its own data set's spec (errors name the recipe ``label`` and the data);
+    the training step records what its gradients lack in ``probe``, if given."""
     common = _compile_options(options, strategy)
     steps = options.largest_steps_per_execution
     train_step = TrainStep(
@@ -176,12 +182,14 @@ def _loops(
         strategy=strategy,
         divergence=divergence,
         gathering=Gathering.of(data.train, strategy, steps, "training"),
+        probe=probe,
     )  # fmt: skip
-    with data_errors("training", label), in_recipe(label, data.train.element_spec):
+    spec = data.train.element_spec  # errors of its losses read as in bind's own trace
+    with schedule_errors(label, spec), data_errors("training", label), in_recipe(label, spec):
         train_loop = CompiledLoop(
             train_step,
             options.largest_steps_per_execution,
-            data.train.element_spec,
+            spec,
             checks=len(bound.beats),
             divergence=divergence,
             counters=counters,
@@ -313,10 +321,12 @@ def _replaced(
 
 
 def _bind(
-    recipe, schedule, models, optimizers, spec, random, label: str, strategy=None, state=None
-):
-    """The schedule bound (every phase's, for a recipe in phases), as a tuple."""
-    try:
+    recipe, schedule, models, optimizers, spec, random, label: str, strategy=None, state=None,
+    probe=True,
+):  # fmt: skip
+    """The schedule bound (every phase's, for a recipe in phases), as a tuple; ``probe``:
+    whether its gradients are traced to check them (``binding.bind``)."""
+    with schedule_errors(label, spec):
         return bind_schedule(
             schedule,
             models,
@@ -329,10 +339,5 @@ def _bind(
             forwards=recipe_functions(recipe, recipe.forwards()),
             supplied=frozenset(recipe.supplied_models),
             state=state,
+            probe=probe,
         )
-    except UserCodeError as error:
-        raise error.in_recipe(label, batch_shapes(spec)) from error.original
-    except BeatloopError:
-        raise
-    except (ValueError, TypeError, tf.errors.OpError) as error:
-        raise DataError(failure_message(label, "schedule", spec, error)) from None

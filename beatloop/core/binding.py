@@ -18,7 +18,8 @@ from beatloop.core.applying import combine_problems
 from beatloop.core.beats import Beat, Group, Schedule
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
 from beatloop.core.errors import ScheduleError, did_you_mean
-from beatloop.core.randomness import global_random_ops, new_operations, warn_global_random
+from beatloop.core.gradient_probe import GradientProbe
+from beatloop.core.randomness import new_operations
 from beatloop.core.update_binding import bind_updates, in_step_order, written_by
 from beatloop.core.writes import write_problems
 
@@ -83,6 +84,7 @@ def bind(
     supplied: frozenset[str] = frozenset(),
     state: Mapping[str, tf.Variable] | None = None,
     build: bool = True,
+    probe: bool = True,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
@@ -96,11 +98,10 @@ def bind(
     updates count as frozen without being declared so. ``state`` is the recipe's state
     (``Recipe.build_state``), which losses reach as ``models.state``. ``build=False``
     leaves the optimizers unbuilt (phases build each for its variables over all phases
-    first: ``build_optimizers``).
+    first: ``build_optimizers``). ``probe=False``: the caller's trace checks gradients.
     """
     state = dict(state or {})
-    if random is None:
-        random = tf.random.Generator.from_seed(0)
+    random = tf.random.Generator.from_seed(0) if random is None else random
     forwards = forwards or {}
     problems = [
         problem
@@ -119,7 +120,8 @@ def bind(
         if build:
             problems += build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
-        problems += _gradient_problems(groups, models, batch_spec, random, strategy, context, state)
+        probed = (groups, models, batch_spec, random, strategy, context, state)
+        problems += _gradient_problems(*probed) if probe else []
         problems += write_problems(updates, models, batch_spec, random, state, strategy)
     if problems:
         raise ScheduleError(problems, context)
@@ -310,41 +312,18 @@ def _gradient_problems(
 ) -> list[str]:
     """Trace each beat's loss and gradients (nothing runs) and report None gradients;
     warn of losses that draw from global random ops (they break exact resume)."""
-    problems: list[str] = []
-    global_random: dict[str, list[str]] = {}
+    probe = GradientProbe()
 
-    def probe(batch):
+    def trace(batch):
         for group in groups:
             with new_operations() as created:
                 _, _, gradients = group.gradients(models, batch, random=random, state=state)
-            global_random[_where(group)] = global_random_ops(created)
-            for beat, grads in zip(group.beats, gradients, strict=True):
-                for variable, grad in zip(beat.variables, grads, strict=True):
-                    if grad is None:
-                        problems.append(_no_gradient(beat, variable))
+            probe.seen(group, gradients, created)
         return tf.constant(0)
 
     if strategy is None:
-        tf.function(probe, autograph=False).get_concrete_function(dict(batch_spec))
+        tf.function(trace, autograph=False).get_concrete_function(dict(batch_spec))
     else:  # traced once per replica: the same problems, found twice
-        distributed = lambda batch: strategy.run(probe, args=(batch,))  # noqa: E731
+        distributed = lambda batch: strategy.run(trace, args=(batch,))  # noqa: E731
         tf.function(distributed, autograph=False).get_concrete_function(dict(batch_spec))
-    warn_global_random(global_random, context)
-    return list(dict.fromkeys(problems))
-
-
-def _where(group: BoundGroup) -> str:
-    """What draws a group's random numbers, in words."""
-    if group.forward_fn is None:
-        return f"the loss of beat {group.name!r}"
-    return f"group {group.name!r} (its forward or its beats' losses)"
-
-
-def _no_gradient(beat: BoundBeat, variable) -> str:
-    where = "its loss" if beat.group is None else f"its group {beat.group.name!r}'s forward and"
-    return (
-        f"beat {beat.name!r} claims variable {variable.path!r}, but {where} loss "
-        f"{beat.loss_name!r} gives it no gradient (is the model called "
-        f"{'inside the loss' if beat.group is None else 'in the forward'}, on a path "
-        "connected to the result?)"
-    )
+    return probe.found(context)

@@ -20,7 +20,13 @@ import tensorflow as tf
 
 from beatloop.core.batches import batch_shapes
 from beatloop.core.collectives import collective_error
-from beatloop.core.errors import DataError, InputMismatchError, LabelRangeError, UserCodeError
+from beatloop.core.errors import (
+    BeatloopError,
+    DataError,
+    InputMismatchError,
+    LabelRangeError,
+    UserCodeError,
+)
 from beatloop.core.user_code import assertion_summary, called_as, own_frame
 from beatloop.core.workers import peer_failure
 
@@ -275,3 +281,17 @@ def failure_message(label: str, what: str, spec: Mapping, error: Exception) -> s
         f"{label}: running its {what} on batches of {batch_shapes(spec)} failed: "
         f"{type(error).__name__}: {detail}"
     )
+
+
+@contextlib.contextmanager
+def schedule_errors(label: str, spec):
+    """Errors of the recipe ``label``'s schedule traced on batches of ``spec``: its own
+    code's naming the recipe, TensorFlow's as a DataError."""
+    try:
+        yield
+    except UserCodeError as error:
+        raise error.in_recipe(label, batch_shapes(spec)) from error.original
+    except BeatloopError:
+        raise
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+        raise DataError(failure_message(label, "schedule", spec, error)) from None

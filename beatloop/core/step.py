@@ -19,6 +19,7 @@ from beatloop.core.batches import leading_dimension
 from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
 from beatloop.core.collectives import Gathering, all_gather, even_sparse
 from beatloop.core.errors import ScheduleError
+from beatloop.core.gradient_probe import GradientProbe
 from beatloop.core.metrics import StepMetrics
 from beatloop.core.numerics import (
     DivergenceGuard,
@@ -27,6 +28,7 @@ from beatloop.core.numerics import (
     gradient_squares,
     no_checks,
 )
+from beatloop.core.randomness import new_operations
 from beatloop.core.replicas import (
     declared,
     entry_weight,
@@ -57,7 +59,9 @@ class TrainStep:
     whose losses declare a batch of their own (``models.own_batch``) is weighted by the
     replica's share of that batch instead. An act runs once per step for all replicas,
     in cross-replica context, on the global batch (``replicas.once_per_step``): acting
-    and recipe state are one agent's whatever the replica count.
+    and recipe state are one agent's whatever the replica count. With a ``probe``, the
+    trace records the gradients a beat's loss does not give and the global random ops
+    it draws from (``beatloop.core.gradient_probe``), instead of refusing the first.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class TrainStep:
         strategy: tf.distribute.Strategy | None = None,
         divergence: DivergenceGuard | None = None,
         gathering: Gathering | None = None,
+        probe: GradientProbe | None = None,
     ):
         self.bound = bound
         self.metrics = metrics
@@ -78,6 +83,7 @@ class TrainStep:
         self.strategy = strategy
         self.divergence = divergence
         self.gathering = gathering
+        self.probe = probe
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(checks, examples)`` of one step; ``step`` is its number (for ``every``)."""
@@ -146,14 +152,17 @@ class TrainStep:
         batch_weight = None if share is None else share.weight
         for repeat in range(group.repeat):
             since = declared(random)
-            values, outputs, gradients = group.gradients(
-                self.bound.models,
-                batch,
-                weight=batch_weight,
-                random=random,
-                state=self.bound.state,
-                gathering=self.gathering,
-            )
+            with new_operations() as created:
+                values, outputs, gradients = group.gradients(
+                    self.bound.models,
+                    batch,
+                    weight=batch_weight,
+                    random=random,
+                    state=self.bound.state,
+                    gathering=self.gathering,
+                )
+            if self.probe is not None:
+                gradients = self.probe.seen(group, gradients, created)
             gradients = [even_sparse(grads, size, self.gathering) for grads in gradients]
             weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
             figure = figure_size(size, share, batch_weight, weight)
