@@ -325,3 +325,34 @@ def test_group_gradients_come_from_the_state_before_any_update():
     np.testing.assert_allclose(
         result.models["a"].get_weights()[0], expected_kernel, rtol=1e-6, atol=1e-7
     )
+
+
+def test_a_fit_traces_a_groups_forward_once_and_that_trace_finds_a_missing_gradient():
+    traces = []
+
+    def counted(models, batch):
+        traces.append(len(traces))
+        return shared(models, batch)
+
+    class Counted(Pair):
+        def forwards(self):
+            return {"shared": counted}
+
+    beatloop.fit(Counted(Schedule(both())), data=pair_data(), epochs=2, seed=0)
+    assert len(traces) == 1  # the training loop's trace checks the gradients too
+
+    def a_only(models, batch):
+        return {"a": models["a"](batch["x"]), "b": tf.zeros_like(batch["y"])}
+
+    class Disconnected(Pair):
+        def forwards(self):
+            return {"shared": a_only}
+
+    for debug in (False, True):  # compiled: the loop's trace; debug: bind's own
+        with pytest.raises(beatloop.ScheduleError) as caught:
+            beatloop.fit(Disconnected(Schedule(both())), data=pair_data(), seed=0, debug=debug)
+        assert len(caught.value.problems) == 2  # b's kernel and bias, each once
+        assert all(
+            p.startswith("beat 'fit_b' claims variable 'b/dense") and "no gradient" in p
+            for p in caught.value.problems
+        )

@@ -7,6 +7,7 @@ history show each phase."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -144,6 +145,41 @@ def test_every_phases_binding_error_names_its_phase_before_training():
     assert all(p.startswith("phase 'pretrain': variable") for p in problems[:2])
     assert all(p.startswith("phase 'probe': variable") for p in problems[2:])
     assert "of model 'decoder' is updated by no beat" in problems[2]
+
+
+def test_a_phases_missing_gradient_is_named_by_its_phase_when_its_loop_is_traced():
+    def detached_probe(models, batch):
+        return probe(models, {**batch, "x": tf.stop_gradient(batch["x"])}) + tf.reduce_sum(
+            tf.stop_gradient(models["decoder"](models["encoder"](batch["x"])))
+        ) * 0.0
+
+    class Detached(PretrainThenProbe):
+        name = "detached_phases_test"
+
+        def schedule(self):
+            probing = schedule(
+                beatloop.Beat("detached", "probe", updates=("probe", "decoder")),
+                frozen="encoder",
+            )
+            return beatloop.Phases(
+                beatloop.Phase("pretrain", schedule(PRETRAIN, frozen="probe"), epochs=1),
+                beatloop.Phase("probe", probing),
+            )
+
+        def losses(self):
+            return {**super().losses(), "detached": detached_probe}
+
+    with pytest.raises(beatloop.ScheduleError) as raised:
+        beatloop.fit(Detached, epochs=2, seed=0, progress=False)
+    problems = raised.value.problems
+    assert len(problems) == 2  # the decoder's kernel and bias, in phase 'probe' only
+    for problem, weight in zip(problems, ("kernel", "bias"), strict=True):
+        assert re.fullmatch(
+            rf"phase 'probe': beat 'detached' claims variable '\w+/\w+/{weight}', but its "
+            r"loss 'detached' gives it no gradient \(is the model called inside the loss, on "
+            r"a path connected to the result\?\)",
+            problem,
+        )
 
 
 class WarmUpThenFineTune(PretrainThenProbe):
