@@ -149,9 +149,11 @@ def test_every_phases_binding_error_names_its_phase_before_training():
 
 def test_a_phases_missing_gradient_is_named_by_its_phase_when_its_loop_is_traced():
     def detached_probe(models, batch):
-        return probe(models, {**batch, "x": tf.stop_gradient(batch["x"])}) + tf.reduce_sum(
-            tf.stop_gradient(models["decoder"](models["encoder"](batch["x"])))
-        ) * 0.0
+        return (
+            probe(models, {**batch, "x": tf.stop_gradient(batch["x"])})
+            + tf.reduce_sum(tf.stop_gradient(models["decoder"](models["encoder"](batch["x"]))))
+            * 0.0
+        )
 
     class Detached(PretrainThenProbe):
         name = "detached_phases_test"
