@@ -354,6 +354,7 @@ def _restored_engine(
         run_dir=run_path,
         seed=stored.seed,
         label=registry().describe_origin(stored.recipe),
+        trains=False,  # its training loop traced only if it is ever called
     )
     engine.resume()
     return engine

@@ -356,3 +356,39 @@ def test_a_fit_traces_a_groups_forward_once_and_that_trace_finds_a_missing_gradi
             p.startswith("beat 'fit_b' claims variable 'b/dense") and "no gradient" in p
             for p in caught.value.problems
         )
+
+
+def test_an_engine_built_not_to_train_traces_its_training_loop_and_checks_it_on_first_call():
+    from beatloop.core.batches import DataSplit
+    from beatloop.core.engine import Engine
+
+    def a_only(models, batch):
+        return {"a": models["a"](batch["x"]), "b": tf.zeros_like(batch["y"])}
+
+    class Disconnected(Pair):
+        def forwards(self):
+            return {"shared": a_only}
+
+    split = DataSplit(pair_data(), pair_data())
+    engine = Engine(Disconnected(Schedule(both())), split, trains=False)  # no error yet
+    assert engine.parts.train_loop.trace_count == 0
+    x = np.concatenate([batch["x"] for batch in pair_data().as_numpy_iterator()])
+    a_loss = np.mean((engine.parts.bound.models["a"](x).numpy() - 2.0) ** 2)
+    figures = engine.evaluate()  # its validation loop, traced as it was built
+    assert figures == {"fit_a": pytest.approx(a_loss, rel=1e-6), "fit_b": 4.0}
+    before = [w.numpy() for model in engine.parts.bound.models.values() for w in model.weights]
+    with pytest.raises(beatloop.ScheduleError) as caught:
+        engine.fit(1)
+    assert len(caught.value.problems) == 2  # b's kernel and bias, as a training run says
+    assert all("beat 'fit_b' claims variable" in p for p in caught.value.problems)
+    after = [w.numpy() for model in engine.parts.bound.models.values() for w in model.weights]
+    for b, a in zip(before, after, strict=True):
+        np.testing.assert_array_equal(b, a)
+    trained = Engine(Pair(Schedule(both())), split, trains=False)
+    trained.fit(2)  # traced now, trains as a run built to train does
+    fitted = beatloop.fit(Pair(Schedule(both())), data=split, epochs=2, seed=0, progress=False)
+    for name in ("a", "b"):
+        ours, theirs = trained.parts.bound.models[name].weights, fitted.models[name].weights
+        assert len(ours) == len(theirs) == 2
+        for b, a in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(b.numpy(), a.numpy())

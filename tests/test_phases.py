@@ -20,6 +20,8 @@ from phased_recipe import PretrainThenProbe, data, models, probe, reconstruction
 
 import beatloop
 from beatloop.cli import main
+from beatloop.core.batches import DataSplit
+from beatloop.core.engine import Engine
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 
@@ -182,6 +184,12 @@ def test_a_phases_missing_gradient_is_named_by_its_phase_when_its_loop_is_traced
             r"a path connected to the result\?\)",
             problem,
         )
+    # An engine built not to train (evaluate's) checks each phase's loop at its first call.
+    engine = Engine(Detached(), DataSplit(*data()), trains=False)
+    with pytest.raises(beatloop.ScheduleError) as lazily:
+        engine.fit(2)
+    assert lazily.value.problems == problems
+    assert int(engine.counters.epoch) == 1  # the first phase trained; the second is refused
 
 
 class WarmUpThenFineTune(PretrainThenProbe):

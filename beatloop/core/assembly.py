@@ -22,7 +22,7 @@ from beatloop.core.errors import (
     ConfigError,
     did_you_mean,
 )
-from beatloop.core.gradient_probe import GradientProbe, raise_found
+from beatloop.core.gradient_probe import raise_found, run_probes
 from beatloop.core.loop import CompiledLoop
 from beatloop.core.loss_watch import loss_watches
 from beatloop.core.metrics import StepMetrics
@@ -31,7 +31,6 @@ from beatloop.core.numerics import DivergenceGuard
 from beatloop.core.op_errors import data_errors, schedule_errors
 from beatloop.core.options import EngineOptions
 from beatloop.core.phased import PhasedRun, bind_schedule, in_phase, phase_parts
-from beatloop.core.phases import Phases
 from beatloop.core.recipe import Recipe, defines, recipe_callbacks
 from beatloop.core.recipe_state import built_state
 from beatloop.core.record import RunRecord
@@ -88,20 +87,25 @@ def assemble(
     seed: int = 0,
     label: str | None = None,
     strategy: tf.distribute.Strategy | None = None,
+    trains: bool = True,
 ) -> RunParts:
     """Build and check every part of a run of ``recipe`` on ``data``; ``models`` (or
     ``.keras`` paths) and ``optimizers`` replace the recipe's parts of the same names.
     Everything is built and traced under the run's own Keras name counters, so the
-    graphs do not depend on what the process built before."""
+    graphs do not depend on what the process built before. ``trains=False`` (a run
+    rebuilt to evaluate or restore): the training loop is traced on its first call,
+    if any, and its gradients checked then."""
     label = label or f"recipe {recipe.name!r}"
     warn_history_named(models or {}, label)
     names = RunNames()
     with names.scope():
-        parts = _assemble(recipe, data, options, models, optimizers, seed, label, strategy)
+        parts = _assemble(recipe, data, options, models, optimizers, seed, label, strategy, trains)
     return in_phase(attrs.evolve(parts, names=names), 0)  # in phases: the first's parts
 
 
-def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) -> RunParts:
+def _assemble(
+    recipe, data, options, models, optimizers, seed, label, strategy, trains
+) -> RunParts:  # fmt: skip
     _check_strategy(strategy, options)
     counters = Counters()  # host counters, advanced outside the replicas
     spec = data.train.element_spec
@@ -119,11 +123,11 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
         if options.precision == "mixed_float16":
             built_optimizers = {name: loss_scaled(o) for name, o in built_optimizers.items()}
         schedule = recipe.schedule()
-        # A loop traced as it is built finds the gradients' problems itself (one trace).
-        traced = strategy is None and not options.debug
+        # A compiled loop finds the gradients' problems in its own trace (one trace).
+        probed = strategy is None and not options.debug
         with data_errors("training", label):
             bounds = _bind(recipe, schedule, built_models, built_optimizers, spec, random,
-                           label, strategy, state, probe=not traced)  # fmt: skip
+                           label, strategy, state, probe=not probed)  # fmt: skip
         check_every(strategy, bounds, label)
         beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
         beat_names = list(dict.fromkeys(beat.name for beat in beats))
@@ -135,15 +139,14 @@ def _assemble(recipe, data, options, models, optimizers, seed, label, strategy) 
     # Like the counters, outside the replicas: updated on the checks summed over them.
     guards = [_guard(bound, options) for bound in bounds]
     # The loops are traced here: a recipe's mistakes, and data that does not fit, show now.
-    probes = [GradientProbe() if traced else None for _ in bounds]
+    probes = run_probes(schedule, label, trains) if probed else [None] * len(bounds)
     loops = [
         _loops(recipe, data, bound, counters, train_metrics, validation_metrics, options,
-               strategy, label, guard, validation_random, probe)
+               strategy, label, guard, validation_random, probe, trace_now=trains)
         for bound, guard, probe in zip(bounds, guards, probes, strict=True)
     ]  # fmt: skip
-    if traced:
-        names = [phase.name for phase in schedule.phases] if isinstance(schedule, Phases) else []
-        raise_found(probes, f"the schedule of {label}", names)
+    if probed and trains:
+        raise_found(probes)
     phased = phase_parts(schedule, bounds, loops, guards, train_metrics, validation_metrics)
     return RunParts(
         recipe=recipe,
@@ -170,11 +173,12 @@ def _guard(bound: BoundSchedule, options: EngineOptions) -> DivergenceGuard | No
 
 def _loops(
     recipe, data, bound, counters, train_metrics, validation_metrics, options, strategy, label,
-    divergence=None, validation_random=None, probe=None,
+    divergence=None, validation_random=None, probe=None, trace_now=True,
 ):  # fmt: skip
     """The compiled training loop and, with validation data, the validation loop, each
-    traced on its own data set's spec (errors name the recipe ``label`` and the data);
-    the training step records what its gradients lack in ``probe``, if given."""
+    traced on its own data set's spec (errors name the recipe ``label`` and the data;
+    the training loop on its first call instead when not ``trace_now``); the training
+    step records what its gradients lack in ``probe``, if given."""
     common = _compile_options(options, strategy)
     steps = options.largest_steps_per_execution
     train_step = TrainStep(
@@ -194,6 +198,7 @@ def _loops(
             divergence=divergence,
             counters=counters,
             fetch_ahead=options.on_nan != "rollback",  # a rollback goes on at the next batch
+            trace_now=trace_now,
             **common,
         )
     if data.validation is None:

@@ -312,7 +312,7 @@ def _gradient_problems(
 ) -> list[str]:
     """Trace each beat's loss and gradients (nothing runs) and report None gradients;
     warn of losses that draw from global random ops (they break exact resume)."""
-    probe = GradientProbe()
+    probe = GradientProbe(context)
 
     def trace(batch):
         for group in groups:
@@ -326,4 +326,4 @@ def _gradient_problems(
     else:  # traced once per replica: the same problems, found twice
         distributed = lambda batch: strategy.run(trace, args=(batch,))  # noqa: E731
         tf.function(distributed, autograph=False).get_concrete_function(dict(batch_spec))
-    return probe.found(context)
+    return probe.found()

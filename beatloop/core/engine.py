@@ -45,7 +45,8 @@ class Engine:
     ``models`` and ``optimizers`` replace the recipe's parts of the same names (the names
     ``beatloop show`` prints). With a ``run_dir`` the engine checkpoints into
     ``run_dir/checkpoints`` and ``fit`` continues from the latest checkpoint there (or in
-    ``read_dir``: ``workers.py``). ``callbacks`` may hold Keras callbacks."""
+    ``read_dir``: ``workers.py``). ``callbacks`` may hold Keras callbacks. ``trains``:
+    ``assemble``'s (``False``: the training loop traced on its first call, not now)."""
 
     def __init__(
         self,
@@ -61,11 +62,12 @@ class Engine:
         label: str | None = None,
         strategy: tf.distribute.Strategy | None = None,
         read_dir: Path | None = None,
+        trains: bool = True,
     ):
         options = recipe_options(options or EngineOptions(), recipe)
         parts = assemble(
             recipe, data, options, models=models, optimizers=optimizers, seed=seed,
-            label=label, strategy=strategy,
+            label=label, strategy=strategy, trains=trains,
         )  # fmt: skip
         if run_dir is None and options.on_nan == "rollback":
             raise ConfigError("on_nan='rollback' restores checkpoints, so it needs a run_dir")
@@ -88,17 +90,10 @@ class Engine:
             counters=parts.counters, metrics=parts.train_metrics,
         )  # fmt: skip
         self.run = Run(
-            recipe=recipe,
-            bound=parts.bound,
-            counters=parts.counters,
-            run_dir=run_dir,
-            epochs=0,
-            pace=self.pace,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-            checkpoints=self.recovery.saved,
-            worker=self.recovery.cluster.worker,
-        )
+            recipe=recipe, bound=parts.bound, counters=parts.counters, run_dir=run_dir,
+            epochs=0, pace=self.pace, steps_per_epoch=steps_per_epoch, seed=seed,
+            checkpoints=self.recovery.saved, worker=self.recovery.cluster.worker,
+        )  # fmt: skip
         self._fitting = False
         self.evaluation = Evaluation(
             parts, self.stream, options, data, labels=self._labels, seed=seed, strategy=strategy

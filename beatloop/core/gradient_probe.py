@@ -2,9 +2,10 @@
 a loss gives no gradient to (a ``ScheduleError``) and losses that draw from TensorFlow's
 global random ops (a ``ResumeWarning``: no checkpoint holds their state).
 
-``bind`` traces every group once to find them; a training loop traced when it is built
-(compiled, no strategy) finds them in that trace instead (``TrainStep(probe=...)``), so
-a run traces its losses and gradients once, not twice.
+``bind`` traces every group once to find them; a compiled training loop without a
+strategy finds them in its own trace instead (``TrainStep(probe=...)``), so a run
+traces its losses and gradients once, not twice: when the loop is built, or, for a run
+rebuilt only to evaluate, on its first call, if any (``checked_at``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 from beatloop.core.bound import BoundBeat, BoundGroup
 from beatloop.core.errors import ScheduleError
+from beatloop.core.phases import Phases
 from beatloop.core.randomness import global_random_ops, warn_global_random
 
 
@@ -23,8 +25,13 @@ from beatloop.core.randomness import global_random_ops, warn_global_random
 class GradientProbe:
     """Collects, over the traces of groups' gradients, the beats' missing gradients
     (``problems``) and the global random op types each group drew from
-    (``global_random``, by what drew them)."""
+    (``global_random``, by what drew them), for the schedule named by ``context`` (of
+    ``phase``, in a recipe in phases). ``at_trace_end``: the trace that ends raises
+    what it found (``traced``), for a loop traced on its first call."""
 
+    context: str = "the schedule"
+    phase: str | None = None
+    at_trace_end: bool = False
     problems: list[str] = attrs.field(factory=list)
     global_random: dict[str, list[str]] = attrs.field(factory=dict)
 
@@ -47,27 +54,38 @@ class GradientProbe:
             filled.append(grad)
         return filled
 
-    def found(self, context: str) -> list[str]:
-        """The problems found, each once, after warning of global random ops (the
-        warnings and the problems name ``context``)."""
-        warn_global_random(self.global_random, context)
-        return list(dict.fromkeys(self.problems))
+    def traced(self) -> None:
+        """A trace of the step ended: a probe ``at_trace_end`` raises what it found."""
+        if self.at_trace_end:
+            raise_found([self])
+
+    def found(self) -> list[str]:
+        """The problems found, each once and naming the phase, after warning of global
+        random ops (naming the context and phase)."""
+        if self.phase is None:
+            warn_global_random(self.global_random, self.context)
+            return list(dict.fromkeys(self.problems))
+        warn_global_random(self.global_random, f"{self.context}, phase {self.phase!r}")
+        return [f"phase {self.phase!r}: {problem}" for problem in dict.fromkeys(self.problems)]
 
 
-def raise_found(probes: Sequence[GradientProbe], context: str, phases: Sequence[str] = ()) -> None:
-    """Warn and raise what the ``probes`` of a run's training loops found: one probe, or
-    one per phase (named by ``phases``), whose problems are raised together, each naming
-    its phase, as ``bind`` reports phases."""
-    if not phases:
-        problems = [problem for probe in probes for problem in probe.found(context)]
-    else:
-        problems = [
-            f"phase {name!r}: {problem}"
-            for name, probe in zip(phases, probes, strict=True)
-            for problem in probe.found(f"{context}, phase {name!r}")
-        ]
+def raise_found(probes: Sequence[GradientProbe]) -> None:
+    """Warn and raise what the ``probes`` of a run's training loops found (one, or one
+    per phase): their problems together, each naming its phase, as ``bind`` names them."""
+    problems = [problem for probe in probes for problem in probe.found()]
     if problems:
-        raise ScheduleError(problems, context)
+        raise ScheduleError(problems, probes[0].context)
+
+
+def run_probes(schedule, label: str, trains: bool) -> list[GradientProbe]:
+    """A probe per phase of ``schedule`` (one without phases), the schedule of the
+    recipe ``label``: for a run that ``trains``, raised together once all its loops are
+    traced (``raise_found``), else each as its loop is traced on its first call."""
+    context = f"the schedule of {label}"
+    if not isinstance(schedule, Phases):
+        return [GradientProbe(context, at_trace_end=not trains)]
+    phases = [phase.name for phase in schedule.phases]
+    return [GradientProbe(context, name, at_trace_end=not trains) for name in phases]
 
 
 def _where(group: BoundGroup) -> str:

@@ -94,7 +94,8 @@ class CompiledLoop:
     ``fetch_ahead=False``, asking for the next batch once the step turned out good.
     ``compiled=False`` runs the same code eagerly (debugging); ``jit_compile=True``
     compiles the step with XLA; ``distributed=True`` takes iterators of a distributed
-    data set.
+    data set. ``trace_now=False`` leaves a compiled loop's trace to its first call (a
+    run rebuilt only to evaluate never calls its training loop).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class CompiledLoop:
         compiled: bool = True,
         jit_compile: bool = False,
         distributed: bool = False,
+        trace_now: bool = True,
     ):
         if jit_compile and compiled:
             # XLA compiles the step; the loop around it pulls from the iterator, which
@@ -126,7 +128,7 @@ class CompiledLoop:
         self._limits: dict[int, tf.Tensor] = {}
         self._traced: dict[str, Callable] = {}
         self._functions = self._compile(element_spec, compiled, distributed)
-        if compiled and not distributed:
+        if compiled and not distributed and trace_now:
             # Trace now what the first full call runs: a recipe's mistakes, and data
             # that does not fit, show when the loop is built.
             _ = self._one if steps_per_execution == 1 else self._multi

@@ -87,7 +87,10 @@ class TrainStep:
 
     def __call__(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(checks, examples)`` of one step; ``step`` is its number (for ``every``)."""
-        return on_replicas(self.strategy, self.on_replica, batch, step)
+        result = on_replicas(self.strategy, self.on_replica, batch, step)
+        if self.probe is not None:
+            self.probe.traced()
+        return result
 
     def on_replica(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
