@@ -6,6 +6,12 @@ quiet TensorFlow's start-up log before it loads). The access that first imports
 TensorFlow keeps its start-up lines (the oneDNN banner, absl's) off standard error, as
 the command does, and writes every other line on (``beatloop.fit`` in a script prints
 no start-up line); TensorFlow imported before that prints them as usual.
+
+What a plugin or a script may import is ``docs/api.md``'s list: the names in ``__all__``
+and the modules in ``PUBLIC_MODULES``. Importing beatloop does two things besides: it
+puts the finder of moved module paths last on ``sys.meta_path`` (``beatloop.moved``: an
+old path warns and works), and it keeps ``beatloop.recipes`` the public function when the
+package of built-in recipes, which shares the name, is imported.
 """
 
 from __future__ import annotations
@@ -13,9 +19,21 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+import types
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from beatloop import moved
+
+__version__ = "0.2.0"
+
+#: The public modules besides this one: what recipe, callback and source authors use.
+PUBLIC_MODULES = (
+    "beatloop.datasets",
+    "beatloop.files",
+    "beatloop.images",
+    "beatloop.layers",
+    "beatloop.metrics",
+)
 
 _EXPORTS = {
     # running
@@ -25,95 +43,102 @@ _EXPORTS = {
     "evaluate": "beatloop.fitting",
     "tune": "beatloop.tuning",
     "TuneResult": "beatloop.tuning",
-    "FitResult": "beatloop.core.result",
-    "Engine": "beatloop.core.engine",
-    "EngineOptions": "beatloop.core.options",
-    "DataSplit": "beatloop.core.batches",
-    "loop_data": "beatloop.core.data_origin",
+    "FitResult": "beatloop.core.running.result",
+    "Engine": "beatloop.core.running.engine",
+    "EngineOptions": "beatloop.core.running.options",
+    "DataSplit": "beatloop.core.data.batches",
+    "loop_data": "beatloop.core.data.data_origin",
+    "NamedData": "beatloop.named_data.load",
     # data sources (--data KIND:PATH)
-    "DataSource": "beatloop.sources.base",
-    "SourceConfig": "beatloop.sources.base",
-    "load_data": "beatloop.sources.named",
+    "DataSource": "beatloop.core.data.source",
+    "SourceConfig": "beatloop.core.data.source",
+    "load_data": "beatloop.named_data.load",
     "register_data_source": "beatloop.plugins.registry",
     # environments (the dqn recipe's env)
-    "Environment": "beatloop.environments.base",
+    "Environment": "beatloop.core.data.environment",
+    "make_environment": "beatloop.core.data.environment_lookup",
     "register_environment": "beatloop.plugins.registry",
     # registry
-    "recipes": "beatloop",  # the callable beatloop.recipes package; see its docstring
+    "recipes": "beatloop.plugins.registry",  # kept over the package's name: _Beatloop
     "get_recipe": "beatloop.plugins.registry",
     "register": "beatloop.plugins.registry",
     "hookimpl": "beatloop.plugins.hookspecs",
     # writing recipes
-    "Recipe": "beatloop.core.recipe",
-    "Beat": "beatloop.core.beats",
-    "Schedule": "beatloop.core.beats",
-    "Phase": "beatloop.core.phases",
-    "Phases": "beatloop.core.phases",
-    "Group": "beatloop.core.beats",
-    "ClipByGlobalNorm": "beatloop.core.beats",
-    "ClipByNorm": "beatloop.core.beats",
-    "ClipByValue": "beatloop.core.beats",
-    "ClipValues": "beatloop.core.beats",
-    "PCGrad": "beatloop.core.transforms",
-    "Update": "beatloop.core.updates",
-    "EMA": "beatloop.core.updates",
-    "Copy": "beatloop.core.updates",
-    "Act": "beatloop.core.updates",
-    "ModelCalls": "beatloop.core.forward",
-    "SuppliedModel": "beatloop.core.supplied",
-    "bind": "beatloop.core.binding",
+    "Recipe": "beatloop.core.running.recipe",
+    "Beat": "beatloop.core.schedule.beats",
+    "Schedule": "beatloop.core.schedule.beats",
+    "Phase": "beatloop.core.schedule.phases",
+    "Phases": "beatloop.core.schedule.phases",
+    "Group": "beatloop.core.schedule.beats",
+    "ClipByGlobalNorm": "beatloop.core.schedule.beats",
+    "ClipByNorm": "beatloop.core.schedule.beats",
+    "ClipByValue": "beatloop.core.schedule.beats",
+    "ClipValues": "beatloop.core.schedule.beats",
+    "PCGrad": "beatloop.core.schedule.transforms",
+    "Update": "beatloop.core.schedule.updates",
+    "EMA": "beatloop.core.schedule.updates",
+    "Copy": "beatloop.core.schedule.updates",
+    "Act": "beatloop.core.schedule.updates",
+    "ModelCalls": "beatloop.core.compiled.forward",
+    "SuppliedModel": "beatloop.core.schedule.supplied",
+    "bind": "beatloop.core.compiled.binding",
+    "setting": "beatloop.core.schedule.config",
+    "choice": "beatloop.core.schedule.config",
     # callbacks
-    "Callback": "beatloop.core.callbacks",
-    "Run": "beatloop.core.run",
-    "EVENTS": "beatloop.core.callbacks",
-    "Order": "beatloop.core.callbacks",
-    "when": "beatloop.core.callbacks",
-    "EventFilter": "beatloop.core.callbacks",
-    "keras_callback": "beatloop.core.keras_callbacks",
-    "KerasCallback": "beatloop.core.keras_callbacks",
-    "History": "beatloop.plugins.callbacks",
-    "ProgressBar": "beatloop.plugins.callbacks",
-    "TrainingTimer": "beatloop.plugins.callbacks",
-    "JsonLinesLogger": "beatloop.plugins.callbacks",
-    "CsvLogger": "beatloop.plugins.callbacks",
-    "EarlyStopping": "beatloop.plugins.callbacks",
-    "TensorBoard": "beatloop.plugins.tensorboard",
+    "Callback": "beatloop.core.events.callbacks",
+    "Run": "beatloop.core.events.run",
+    "EVENTS": "beatloop.core.events.callbacks",
+    "Order": "beatloop.core.events.callbacks",
+    "when": "beatloop.core.events.callbacks",
+    "EventFilter": "beatloop.core.events.callbacks",
+    "keras_callback": "beatloop.core.events.keras_callbacks",
+    "KerasCallback": "beatloop.core.events.keras_callbacks",
+    "History": "beatloop.callbacks.standard",
+    "ProgressBar": "beatloop.callbacks.standard",
+    "TrainingTimer": "beatloop.callbacks.standard",
+    "JsonLinesLogger": "beatloop.callbacks.standard",
+    "CsvLogger": "beatloop.callbacks.standard",
+    "EarlyStopping": "beatloop.callbacks.standard",
+    "TensorBoard": "beatloop.callbacks.tensorboard",
     # errors
-    "BeatloopError": "beatloop.core.errors",
-    "ConfigError": "beatloop.core.errors",
-    "DataError": "beatloop.core.errors",
-    "InputMismatchError": "beatloop.core.errors",
-    "LabelRangeError": "beatloop.core.errors",
-    "ScheduleError": "beatloop.core.errors",
-    "RecipeNotFoundError": "beatloop.core.errors",
-    "RegistrationError": "beatloop.core.errors",
-    "CallbackError": "beatloop.core.errors",
-    "NumericsError": "beatloop.core.errors",
-    "CollectiveError": "beatloop.core.collectives",
-    "WorkerLostError": "beatloop.core.workers",
-    "RunDirError": "beatloop.core.errors",
-    "CheckpointError": "beatloop.core.errors",
-    "RunInterrupted": "beatloop.core.errors",
-    "UserCodeError": "beatloop.core.errors",
-    "ResumeWarning": "beatloop.core.errors",
-    "ReproducibilityWarning": "beatloop.core.errors",
-    "RunawayLossWarning": "beatloop.core.errors",
-    "IgnoredSettingWarning": "beatloop.core.errors",
-    "InferredSettingWarning": "beatloop.sources.base",
-    "DataChangedWarning": "beatloop.sources.identity",
+    "BeatloopError": "beatloop.core.failures.errors",
+    "ConfigError": "beatloop.core.failures.errors",
+    "DataError": "beatloop.core.failures.errors",
+    "InputMismatchError": "beatloop.core.failures.errors",
+    "LabelRangeError": "beatloop.core.failures.errors",
+    "ScheduleError": "beatloop.core.failures.errors",
+    "RecipeNotFoundError": "beatloop.core.failures.errors",
+    "RegistrationError": "beatloop.core.failures.errors",
+    "CallbackError": "beatloop.core.failures.errors",
+    "NumericsError": "beatloop.core.failures.errors",
+    "CollectiveError": "beatloop.core.devices.collectives",
+    "WorkerLostError": "beatloop.core.devices.workers",
+    "RunDirError": "beatloop.core.failures.errors",
+    "CheckpointError": "beatloop.core.failures.errors",
+    "RunInterrupted": "beatloop.core.failures.errors",
+    "UserCodeError": "beatloop.core.failures.errors",
+    "ResumeWarning": "beatloop.core.failures.errors",
+    "ReproducibilityWarning": "beatloop.core.failures.errors",
+    "RunawayLossWarning": "beatloop.core.failures.errors",
+    "IgnoredSettingWarning": "beatloop.core.failures.errors",
+    "InferredSettingWarning": "beatloop.core.data.source",
+    "DataChangedWarning": "beatloop.named_data.identity",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
+#: Names that find kinds by name: the registry's module, imported first, hands its lookup.
+_NEED_THE_REGISTRY = frozenset({"load_data", "make_environment"})
+
+
 def __getattr__(name: str):
+    if f"beatloop.{name}" in PUBLIC_MODULES:
+        return _imported(f"beatloop.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'beatloop' has no attribute {name!r}")
-    if name == "recipes":
-        return _imported("beatloop.recipes")
-    if name == "load_data":
-        # it finds kinds by name: importing the registry's module hands it plugins' kinds
+    if name in _NEED_THE_REGISTRY:
         _imported("beatloop.plugins.registry")
     value = getattr(_imported(module), name)
     globals()[name] = value
@@ -137,23 +162,43 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+class _Beatloop(types.ModuleType):
+    """This module: importing a submodule binds it to its name here, which for the
+    package of built-in recipes would hide the public ``beatloop.recipes()``; that one
+    binding is skipped (the package stays ``sys.modules["beatloop.recipes"]``)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "recipes" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Beatloop
+moved.install()
+
+
 if TYPE_CHECKING:  # for type checkers and IDEs; never executed
-    from beatloop.core.batches import DataSplit
-    from beatloop.core.beats import (
-        Beat,
-        ClipByGlobalNorm,
-        ClipByNorm,
-        ClipByValue,
-        ClipValues,
-        Group,
-        Schedule,
+    from beatloop.callbacks.standard import (
+        CsvLogger,
+        EarlyStopping,
+        History,
+        JsonLinesLogger,
+        ProgressBar,
     )
-    from beatloop.core.binding import bind
-    from beatloop.core.callbacks import EVENTS, Callback, EventFilter, Order, when
-    from beatloop.core.collectives import CollectiveError
-    from beatloop.core.data_origin import loop_data
-    from beatloop.core.engine import Engine
-    from beatloop.core.errors import (
+    from beatloop.callbacks.tensorboard import TensorBoard
+    from beatloop.core.compiled.binding import bind
+    from beatloop.core.compiled.forward import ModelCalls
+    from beatloop.core.data.batches import DataSplit
+    from beatloop.core.data.data_origin import loop_data
+    from beatloop.core.data.environment import Environment
+    from beatloop.core.data.environment_lookup import make_environment
+    from beatloop.core.data.source import DataSource, InferredSettingWarning, SourceConfig
+    from beatloop.core.devices.collectives import CollectiveError
+    from beatloop.core.devices.workers import WorkerLostError
+    from beatloop.core.events.callbacks import EVENTS, Callback, EventFilter, Order, when
+    from beatloop.core.events.keras_callbacks import KerasCallback, keras_callback
+    from beatloop.core.events.run import Run
+    from beatloop.core.failures.errors import (
         BeatloopError,
         CallbackError,
         CheckpointError,
@@ -173,26 +218,27 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         ScheduleError,
         UserCodeError,
     )
-    from beatloop.core.forward import ModelCalls
-    from beatloop.core.keras_callbacks import KerasCallback, keras_callback
-    from beatloop.core.options import EngineOptions
-    from beatloop.core.phases import Phase, Phases
-    from beatloop.core.recipe import Recipe
-    from beatloop.core.result import FitResult
-    from beatloop.core.run import Run
-    from beatloop.core.supplied import SuppliedModel
-    from beatloop.core.transforms import PCGrad
-    from beatloop.core.updates import EMA, Act, Copy, Update
-    from beatloop.core.workers import WorkerLostError
-    from beatloop.environments.base import Environment
-    from beatloop.fitting import evaluate, fit, make_recipe, restore
-    from beatloop.plugins.callbacks import (
-        CsvLogger,
-        EarlyStopping,
-        History,
-        JsonLinesLogger,
-        ProgressBar,
+    from beatloop.core.running.engine import Engine
+    from beatloop.core.running.options import EngineOptions
+    from beatloop.core.running.recipe import Recipe
+    from beatloop.core.running.result import FitResult
+    from beatloop.core.schedule.beats import (
+        Beat,
+        ClipByGlobalNorm,
+        ClipByNorm,
+        ClipByValue,
+        ClipValues,
+        Group,
+        Schedule,
     )
+    from beatloop.core.schedule.config import choice, setting
+    from beatloop.core.schedule.phases import Phase, Phases
+    from beatloop.core.schedule.supplied import SuppliedModel
+    from beatloop.core.schedule.transforms import PCGrad
+    from beatloop.core.schedule.updates import EMA, Act, Copy, Update
+    from beatloop.fitting import evaluate, fit, make_recipe, restore
+    from beatloop.named_data.identity import DataChangedWarning
+    from beatloop.named_data.load import NamedData, load_data
     from beatloop.plugins.hookspecs import hookimpl
     from beatloop.plugins.registry import (
         get_recipe,
@@ -201,8 +247,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         register_data_source,
         register_environment,
     )
-    from beatloop.plugins.tensorboard import TensorBoard
-    from beatloop.sources.base import DataSource, InferredSettingWarning, SourceConfig
-    from beatloop.sources.identity import DataChangedWarning
-    from beatloop.sources.named import load_data
     from beatloop.tuning import TuneResult, tune

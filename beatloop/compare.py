@@ -93,7 +93,7 @@ def tuned_settings(entry: Entry) -> tuple[str, ...]:
     another recipe, or not TOML."""
     import tomllib
 
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
     from beatloop.run_file import setting_text
 
     if entry.tuned is None:
@@ -143,8 +143,8 @@ def compare(
     ``out/compare.json`` and ``out/loss_curves.png``, and return one row of figures per
     entry (with several seeds: means, and 95% bootstrap intervals under ``intervals``).
     ``data`` (a ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
-    ``beatloop.sources.named.load_data``) replaces every recipe's built-in data."""
-    from beatloop.core.errors import BeatloopError, ConfigError
+    ``beatloop.named_data.load.load_data``) replaces every recipe's built-in data."""
+    from beatloop.core.failures.errors import BeatloopError, ConfigError
 
     for option, value in (("--seeds", seeds), ("--jobs", jobs), ("--repeats", repeats)):
         if not isinstance(value, int) or value < 1:
@@ -202,7 +202,7 @@ def compare(
 
 
 def _check_settings(settings: Mapping[Entry, Sequence[str]]) -> None:
-    from beatloop.core.config import parse_settings
+    from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe
 
     for entry, texts in settings.items():
@@ -270,7 +270,7 @@ def _start(spec: Mapping[str, Any]) -> tuple[subprocess.Popen, Any, Any]:
 
 
 def _failed(spec: Mapping[str, Any], detail: str) -> Exception:
-    from beatloop.core.errors import BeatloopError
+    from beatloop.core.failures.errors import BeatloopError
 
     label = spec.get("label") or " ".join([spec["recipe"], *spec["settings"]])
     return BeatloopError(f"{label} (seed {spec['seed']}) {detail}")
@@ -372,7 +372,7 @@ def _peak_mb() -> float:
 def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Train one entry and return its figures (what the parent process collects)."""
     import beatloop
-    from beatloop.core.config import parse_settings
+    from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe
 
     cls = get_recipe(spec["recipe"])
@@ -380,7 +380,7 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     timer = beatloop.TrainingTimer()
     data = None
     if spec.get("data") is not None:
-        from beatloop.sources.named import load_data
+        from beatloop.named_data.load import load_data
 
         def data(recipe, seed):
             return load_data(

@@ -17,44 +17,44 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import (
+from beatloop.callbacks.standard import History, JsonLinesLogger, ProgressBar
+from beatloop.core.compiled.phased import updates_by_beat
+from beatloop.core.data.batches import (
     DataSplit,
     as_data_split,
     as_evaluation_data,
     check_evaluation_data,
 )
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.checkpoints import latest_record
-from beatloop.core.checkpoints import remove_leftovers as remove_checkpoint_leftovers
-from beatloop.core.config import make_config
-from beatloop.core.data_origin import LOOP_DATA_ADVICE, is_loop_data
-from beatloop.core.engine import Engine
-from beatloop.core.errors import CheckpointError, ConfigError, DataError, RunInterrupted
-from beatloop.core.options import DIVERGENCE_WINDOW, EngineOptions
-from beatloop.core.pacing import AUTO
-from beatloop.core.phased import updates_by_beat
-from beatloop.core.recipe import Recipe, defines
-from beatloop.core.record import read_run_json, update_run_json, write_run_json
-from beatloop.core.result import FitResult
-from beatloop.core.run_dir import (
+from beatloop.core.data.data_origin import LOOP_DATA_ADVICE, is_loop_data
+from beatloop.core.devices.workers import worker_of, write_dir
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.failures.errors import CheckpointError, ConfigError, DataError, RunInterrupted
+from beatloop.core.running.engine import Engine
+from beatloop.core.running.options import DIVERGENCE_WINDOW, EngineOptions
+from beatloop.core.running.pacing import AUTO
+from beatloop.core.running.recipe import Recipe, defines
+from beatloop.core.running.result import FitResult
+from beatloop.core.saving.checkpoints import latest_record
+from beatloop.core.saving.checkpoints import remove_leftovers as remove_checkpoint_leftovers
+from beatloop.core.saving.record import read_run_json, update_run_json, write_run_json
+from beatloop.core.saving.run_dir import (
     RunDirBefore,
     check_run_dir,
     create_run_dir,
     never_started,
     remove_leftovers,
 )
-from beatloop.core.run_lock import RunDirLock
-from beatloop.core.workers import worker_of, write_dir
+from beatloop.core.saving.run_lock import RunDirLock
+from beatloop.core.schedule.config import make_config
 from beatloop.ignored_settings import warn_ignored_settings
-from beatloop.plugins.callbacks import History, JsonLinesLogger, ProgressBar
-from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
-from beatloop.sources.recorded import (
+from beatloop.named_data.recorded import (
     data_facts,
     recorded_source,
     recorded_validation,
     spec_differences,
     warn_if_changed,
 )
+from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 
 
 def make_recipe(
@@ -140,7 +140,7 @@ def fit(
     checkpoint at the next call boundary and raises ``RunInterrupted`` (``exit_code``
     143; 130 for Ctrl-C). The seed is taken from the checkpoint when omitted; a
     different recipe, config or seed is refused. Data given as a source
-    (``beatloop.sources.named.NamedData``: what ``beatloop run --data`` passes) has its files'
+    (``beatloop.named_data.load.NamedData``: what ``beatloop run --data`` passes) has its files'
     size, modification time and fingerprint recorded in ``run.json`` (``data_files``); a
     resume on files that changed since is refused (a ``DataError`` naming them) unless
     ``accept_changed_data=True``, which ``run.json`` records (``data_changes``).

@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.errors import IgnoredSettingWarning
-from beatloop.core.recipe import Recipe, defines
+from beatloop.core.failures.errors import IgnoredSettingWarning
+from beatloop.core.running.recipe import Recipe, defines
 
 
 def changed_settings(recipe: Recipe) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from beatloop.core.run_dir import writing
+from beatloop.core.saving.run_dir import writing
 
 
 def to_uint8(images: np.ndarray, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:

@@ -24,8 +24,8 @@ from pathlib import Path
 import attrs
 
 from beatloop import __version__
-from beatloop.cache import CACHE_DIR as CACHE_DIR  # the variable, named where tests read it
-from beatloop.cache import cache_dir
+from beatloop.files import CACHE_DIR as CACHE_DIR  # the variable, named where tests read it
+from beatloop.files import cache_dir
 from beatloop.plugins.hookspecs import DISABLE_AUTOLOAD, ENTRY_POINT_GROUP
 
 #: Bumped when the file's layout changes, so an older file is a miss.

@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.errors import ConfigError, did_you_mean
-from beatloop.core.pacing import steps_per_execution
+from beatloop.core.failures.errors import ConfigError, did_you_mean
+from beatloop.core.running.pacing import steps_per_execution
 
 #: What a recorded run.json gives a replay, by the run command's option names.
 RECORDED = ("recipe", "config", "seed", "epochs", "precision", "steps_per_execution",

@@ -16,7 +16,7 @@ import re
 import sys
 import warnings
 
-from beatloop.core.grappler_lines import dropping
+from beatloop.core.feeding.grappler_lines import dropping
 
 #: Lines TensorFlow prints while it is imported that say nothing about the run.
 START_UP_NOISE = re.compile(

@@ -42,9 +42,9 @@ def child(mode: str, path: str, batch_size: int) -> dict:
     import numpy as np
 
     import beatloop
-    from beatloop.sources.arrays import split_arrays
+    from beatloop.datasets import split_arrays
+    from beatloop.named_data.load import NamedData
     from beatloop.sources.csv import CsvConfig
-    from beatloop.sources.named import NamedData
 
     config = {"batch_size": batch_size, "classes": CLASSES}
     if mode == "stream":

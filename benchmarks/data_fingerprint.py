@@ -1,4 +1,4 @@
-"""What recording a data file's identity costs: ``beatloop.sources.identity.fingerprint``
+"""What recording a data file's identity costs: ``beatloop.named_data.identity.fingerprint``
 (SHA-256 read 1 MiB at a time, what ``run.json``'s ``data_files`` records) in MB/s on a
 generated file, beside BLAKE2b read the same way and a plain read of the file (the
 disk's share), and the ``os.stat`` a resume takes for a file whose size and modification
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from beatloop.sources.identity import CHUNK, fingerprint
+from beatloop.named_data.identity import CHUNK, fingerprint
 
 
 def _read_with(path: Path, digest) -> None:

@@ -31,9 +31,9 @@ import tensorflow as tf
 from common import EpochTimer, KerasTimer, spread
 
 import beatloop
-from beatloop.core.batches import DataSplit
+from beatloop.core.data.batches import DataSplit
+from beatloop.datasets import digits_arrays
 from beatloop.recipes.gan import Gan
-from beatloop.sources.digits import digits_arrays
 
 BATCH = 64
 PASSES = 8  # copies of the 8x8 digits in one pass, so an epoch lasts long enough to time

@@ -22,8 +22,8 @@ import keras
 import tensorflow as tf
 from common import handwritten_epochs, race_main, timed_fit
 
+from beatloop.datasets import digits_arrays
 from beatloop.recipes.gan import Gan
-from beatloop.sources.digits import digits_arrays
 
 LATENT, BATCH, PASSES, MULTI_STEP = 16, 64, 8, 32
 TARGET = 1.0

@@ -20,7 +20,7 @@ import tensorflow as tf
 from common import TrainingTimer
 
 import beatloop
-from beatloop.sources.digits import batches, digits_arrays
+from beatloop.datasets import batches, digits_arrays
 
 RECIPES = {"supervised": {}, "gan": {"quality_samples": 32}}
 

@@ -24,8 +24,8 @@ import tensorflow as tf
 from common import handwritten_epochs, race_main, timed_fit
 
 import beatloop
+from beatloop.datasets import digits_arrays
 from beatloop.recipes.multitask import Multitask
-from beatloop.sources.digits import digits_arrays
 
 BATCH, PASSES, MULTI_STEP, TARGET = 64, 8, 32, 1.0
 METRICS = ("task_digit", "task_ink", "digit_loss", "ink_loss")

@@ -20,7 +20,7 @@ import tensorflow as tf
 from common import TrainingTimer
 
 import beatloop
-from beatloop.sources.digits import digits_arrays
+from beatloop.datasets import digits_arrays
 
 VARIANTS = {
     "float32": {},

@@ -27,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 import beatloop
+from beatloop import datasets as data
 from beatloop.metrics import KSStatistic
-from beatloop.sources import digits as data
 
 SHARED = {"hidden": 32, "learning_rate": 0.05, "batch_size": 32}
 CONFIGS = {

@@ -1,6 +1,6 @@
 """TFRecord input against the in-memory pipeline: the built-in digits' training examples
 written as sharded TFRecord files (as float vectors, and as PNG images) and read by the
-``tfrecord`` source, beside the same examples through ``beatloop.sources.digits.batches``
+``tfrecord`` source, beside the same examples through ``beatloop.datasets.batches``
 (``from_tensor_slices``, cache, seeded shuffle, batch, prefetch). For each: the input
 alone (examples/s over passes with no training) and the supervised recipe training on
 it (examples/s, training time only; and examples per CPU second of the process, which
@@ -28,7 +28,7 @@ import tensorflow as tf
 from common import TrainingTimer, spread
 
 import beatloop
-from beatloop.sources.digits import batches, digits_arrays
+from beatloop.datasets import batches, digits_arrays
 from beatloop.sources.tfrecord import TfrecordConfig, TfrecordSource
 
 SHARDS = 8

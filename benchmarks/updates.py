@@ -32,7 +32,7 @@ import tensorflow as tf
 from common import handwritten_epochs, race, spread, timed_fit
 
 import beatloop
-from beatloop.sources.digits import digits_arrays
+from beatloop.datasets import digits_arrays
 
 BATCH, PASSES, MULTI_STEP, WIDTH, DECAY, NOISE = 64, 8, 32, 64, 0.99, 0.1
 EMA_COST, VERSUS_HAND = 1.05, 1.0

@@ -10,7 +10,7 @@ complete in the checkout and on GitHub as well as in the built site:
 
 - ``config RECIPE``: every field of a built-in recipe's attrs ``Config`` (name, type,
   default, and the ``doc`` in the field's metadata);
-- ``callback-events``: every event in ``beatloop.core.callbacks.EVENTS`` with its
+- ``callback-events``: every event in ``beatloop.core.events.callbacks.EVENTS`` with its
   method's signature and what its docstring says about when it fires;
 - ``cli-help``: what ``beatloop --help`` and each command's ``--help`` print.
 
@@ -105,7 +105,7 @@ def _signature(function) -> str:
 
 def events_table() -> str:
     """A Markdown table of every callback event: its method, signature and docstring."""
-    from beatloop.core.callbacks import EVENTS, Callback
+    from beatloop.core.events.callbacks import EVENTS, Callback
 
     rows = ["| event | method and signature | when it fires |", "|---|---|---|"]
     for event in EVENTS:

@@ -49,7 +49,7 @@ def checkout_left_as_it_was():
 @pytest.fixture(scope="session")
 def digits():
     """The built-in digits split as arrays: ({"x", "y"} train, {"x", "y"} validation)."""
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.datasets import digits_arrays
 
     return digits_arrays(seed=0)
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from beatloop.sources.digits import digits_arrays
+from beatloop.datasets import digits_arrays
 
 #: The small sizes the tests and the benchmark train at.
 SMALL = {"hidden": 32, "features": 8, "projection": 8, "batch_size": 32}

@@ -136,7 +136,7 @@ def dict_batches(
 def gan_data(count: int, batch_size: int = 32) -> tf.data.Dataset:
     """The first ``count`` training digits, pixels in [-1, 1], as unshuffled ``{"x"}``
     batches: what the GAN recipe trains on."""
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.datasets import digits_arrays
 
     train, _ = digits_arrays(0, signed=True)
     return dict_batches({"x": train["x"]}, batch_size, count)

@@ -10,8 +10,8 @@ import tensorflow as tf
 from helpers import dict_batches
 
 import beatloop
-from beatloop.core.batches import DataSplit
-from beatloop.sources.digits import digits_arrays
+from beatloop.core.data.batches import DataSplit
+from beatloop.datasets import digits_arrays
 
 COUNT, BATCH = 160, 32
 

@@ -17,10 +17,10 @@ import tensorflow as tf
 from helpers import run_python
 
 import beatloop
-from beatloop.core.batches import as_dict_batches
-from beatloop.core.collectives import Gathering, global_batch_size
-from beatloop.core.forward import ModelCalls
-from beatloop.core.op_errors import data_errors
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.compiled.op_errors import data_errors
+from beatloop.core.data.batches import as_dict_batches
+from beatloop.core.devices.collectives import Gathering, global_batch_size
 
 WORKER = Path(__file__).parent / "workers" / "gathered_run.py"
 

@@ -1,5 +1,6 @@
 """The code's shape, kept as docs/architecture.md describes it: no import cycle in the
-package, and the engine no longer than a loop needs."""
+package, every import pointing down its layers (core's wings among them), and the engine
+no longer than a loop needs."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_core_has_no_import_cycle():
 
 def test_the_engine_is_a_loop_and_core_modules_stay_small():
     sizes = {
-        path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "core").glob("*.py")
+        path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "core").rglob("*.py")
     }
     assert sizes["engine.py"] <= 250
     assert max(sizes.values()) <= 350, sizes
@@ -77,24 +78,39 @@ def long_functions(folder: Path, most: int = 60) -> list[str]:
     """The functions in ``folder``'s modules longer than ``most`` lines, with lengths."""
     return [
         f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in folder.glob("*.py")
+        for path in folder.rglob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > most
     ]
 
 
+def exported_from(package: Path) -> dict[str, str]:
+    """The package's public names and the modules that define them (its ``__init__``'s
+    ``_EXPORTS``, read without importing it)."""
+    init = package / "__init__.py"
+    if not init.exists():
+        return {}
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_EXPORTS":
+            return ast.literal_eval(node.value)
+    return {}
+
+
 def package_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Every beatloop module's imports of the others, at module level and inside
-    functions (lazy imports) alike, type-checking blocks included. ``from beatloop.sources
-    import digits`` is an import of ``beatloop.sources.digits``: importing a submodule runs
-    its package's ``__init__`` first, but a package that imports nothing at run time (as
-    ``beatloop`` itself) closes no circle through it."""
+    functions (lazy imports) alike, type-checking blocks included. ``from beatloop.recipes
+    import views`` is an import of ``beatloop.recipes.views``, and ``from beatloop import
+    Beat`` one of the module that defines ``Beat`` (``beatloop`` imports its public names
+    on first use, so an import of one is an import of its module): importing a submodule
+    runs its package's ``__init__`` first, but a package that imports nothing at run time
+    (as ``beatloop`` itself) closes no circle through it."""
     paths = {
         ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(
             ".__init__"
         ): path
         for path in package.rglob("*.py")
     }
+    exported = exported_from(package)
     modules, graph = set(paths), {}
     for name, path in paths.items():
         targets = set()
@@ -102,7 +118,10 @@ def package_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for alias in node.names:
                     submodule = f"{node.module}.{alias.name}"
-                    targets.add(submodule if submodule in modules else node.module)
+                    if node.module == package.name and alias.name in exported:
+                        targets.add(exported[alias.name])
+                    else:
+                        targets.add(submodule if submodule in modules else node.module)
             elif isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
         graph[name] = targets & modules - {name}
@@ -111,8 +130,8 @@ def package_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
 
 def test_the_package_has_no_import_cycle_lazy_imports_included():
     graph = package_graph()
-    assert {"beatloop.sources.named", "beatloop.plugins.registry", "beatloop.cli"} <= set(graph)
-    assert "beatloop.sources.base" in graph["beatloop.plugins.registry"]  # imports were read
+    assert {"beatloop.named_data.load", "beatloop.plugins.registry", "beatloop.cli"} <= set(graph)
+    assert "beatloop.core.data.source" in graph["beatloop.plugins.registry"]  # imports were read
     assert cycles(graph) == []
 
 
@@ -121,31 +140,46 @@ def test_the_package_has_no_import_cycle_lazy_imports_included():
 #: package and everything in it; a module named exactly belongs to that layer even where
 #: a package pattern also covers it.
 LAYERS = (
-    ("core", ("beatloop.core.*",)),
+    ("base", ("beatloop.moved",)),
+    # core's wings, lowest first (docs/architecture.md has a table per wing)
+    ("core: failures", ("beatloop.core", "beatloop.core.failures.*")),
+    ("core: schedule", ("beatloop.core.schedule.*",)),
+    ("core: data", ("beatloop.core.data.*",)),
+    ("core: saving", ("beatloop.core.saving.*",)),
+    ("core: devices", ("beatloop.core.devices.*",)),
+    ("core: compiled", ("beatloop.core.compiled.*",)),
+    ("core: feeding", ("beatloop.core.feeding.*",)),
+    ("core: events", ("beatloop.core.events.*",)),
+    ("core: running", ("beatloop.core.running.*",)),
     (
-        "helpers",
+        "public modules",
         (
-            "beatloop.cache",
-            "beatloop.terminal",
-            "beatloop.ignored_settings",
+            "beatloop.datasets",
+            "beatloop.files",
             "beatloop.images",
             "beatloop.layers",
             "beatloop.metrics",
-            "beatloop.quality",
+            "beatloop.terminal",
         ),
     ),
-    ("wings", ("beatloop.sources.*", "beatloop.environments.*")),
-    ("recipes", ("beatloop.recipes.*",)),
+    (
+        "built-ins",
+        (
+            "beatloop.recipes.*",
+            "beatloop.callbacks.*",
+            "beatloop.sources.*",
+            "beatloop.environments.*",
+        ),
+    ),
     ("plugins", ("beatloop.plugins.*",)),
     (
         "public face",
         (
             "beatloop",
             "beatloop.__main__",
-            # the callable package is the public ``beatloop.recipes()``, which asks the
-            # registry; importing it runs nothing of the registry, so its recipes do not
-            "beatloop.recipes",
             "beatloop.fitting",
+            "beatloop.ignored_settings",
+            "beatloop.named_data.*",
             "beatloop.compare",
             "beatloop.compare_report",
             "beatloop.tuning.*",
@@ -199,41 +233,36 @@ def test_the_layering_check_finds_a_planted_lazy_back_arrow(tmp_path):
     graph = package_graph(package)
     assert graph["beatloop.plugins.registry"] == {"beatloop.sources.named"}
     assert back_arrows(graph) == [
-        "beatloop.sources.named (wings) imports beatloop.plugins.registry (plugins)"
+        "beatloop.sources.named (built-ins) imports beatloop.plugins.registry (plugins)"
     ]
 
 
-def test_the_sources_wing_finds_built_in_kinds_alone_and_the_registrys_once_handed_them():
-    from beatloop.core.errors import ConfigError
+def test_the_engine_finds_environments_through_the_registrys_lookup_alone():
+    from beatloop.core.data import environment_lookup
+    from beatloop.core.failures.errors import ConfigError
     from beatloop.plugins.registry import connect, registry
-    from beatloop.sources import registry as kinds
-    from beatloop.sources.folder import FolderSource
 
-    kinds.use_lookup(None)
+    environment_lookup.use_lookup(None)
     try:
-        assert kinds.source_class("folder") is FolderSource
-        assert kinds.source_names() == ["csv", "folder", "npz", "tfrecord"]
-        with pytest.raises(
-            ConfigError,
-            match=r"kind 'foldr' \(did you mean 'folder'\?\); known kinds: csv, folder, npz, "
-            r"tfrecord \(plugins' kinds are found once beatloop.plugins.registry is imported",
-        ):
-            kinds.source_class("foldr")
+        with pytest.raises(ConfigError, match="no environment 'chain' is known yet: environ"):
+            environment_lookup.make_environment("chain")
     finally:
         connect()
-    assert kinds.source_names() == registry().source_names()
-    with pytest.raises(ConfigError, match=r"kind 'foldr' \(did you mean 'folder'\?\)") as raised:
-        kinds.source_class("foldr")
-    assert "plugins' kinds are found once" not in str(raised.value)  # the registry answered
+    made = environment_lookup.make_environment("chain", ["length=5"])
+    assert type(made) is registry().environment("chain").cls and made.config.length == 5
+    with pytest.raises(ConfigError, match=r"no environment 'chian' \(did you mean 'chain'\?\)"):
+        environment_lookup.make_environment("chian")
 
 
 @pytest.mark.slow
 def test_importing_the_wings_imports_neither_tensorflow_nor_their_modules():
     code = (
-        "import sys, beatloop.sources, beatloop.environments; "
+        "import sys, beatloop.sources, beatloop.environments, beatloop.recipes, "
+        "beatloop.callbacks, beatloop.core; "
         "print(sorted(m for m in sys.modules if m.startswith(('beatloop', 'tensorflow'))))"
     )
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert (
-        shown.stdout.split("\n")[0] == "['beatloop', 'beatloop.environments', 'beatloop.sources']"
+        shown.stdout.split("\n")[0] == "['beatloop', 'beatloop.callbacks', 'beatloop.core', "
+        "'beatloop.environments', 'beatloop.moved', 'beatloop.recipes', 'beatloop.sources']"
     )

@@ -179,7 +179,7 @@ def test_label_advice_covers_the_whole_data_so_following_it_trains(small_digits)
 
 
 def test_tuple_fields_read_from_the_command_line():
-    from beatloop.core.config import parse_settings, type_name
+    from beatloop.core.schedule.config import parse_settings, type_name
     from beatloop.recipes.multitask import MultitaskConfig
 
     settings = parse_settings(["tasks=digit, ink", "weights=1,0.5"], MultitaskConfig, "multitask")

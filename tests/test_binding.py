@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import beatloop
 from beatloop import Beat, Schedule, ScheduleError, bind
-from beatloop.core.phased import bind_schedule
+from beatloop.core.compiled.phased import bind_schedule
 
 
 def dense_model(name, units=3, inputs=4):
@@ -175,7 +175,7 @@ NOISE = keras.layers.GaussianNoise(0.1, seed=1)
     ],
 )
 def test_global_random_ops_are_recognised(draw, expected):
-    from beatloop.core.randomness import global_random_ops, new_operations
+    from beatloop.core.compiled.randomness import global_random_ops, new_operations
 
     def traced(x):
         with new_operations() as created:
@@ -288,8 +288,8 @@ class LazyNoisy(beatloop.Recipe):
 
 @pytest.mark.parametrize("built", [True, False])
 def test_a_runs_generator_starts_at_its_seed_when_training_starts(built):
-    from beatloop.core.batches import as_data_split
-    from beatloop.core.engine import Engine
+    from beatloop.core.data.batches import as_data_split
+    from beatloop.core.running.engine import Engine
 
     rows = {"x": np.ones((8, 4), np.float32), "y": np.zeros((8, 2), np.float32)}
     data = as_data_split(tf.data.Dataset.from_tensor_slices(rows).batch(4))

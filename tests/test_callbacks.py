@@ -107,7 +107,7 @@ def test_early_stopping_modes_and_bad_monitor(small_digits):
 def test_tensorboard_scalars_learning_rates_and_images_read_back(tmp_path):
     import tensorflow as tf
 
-    from beatloop.plugins.tensorboard import read_scalars
+    from beatloop.callbacks.tensorboard import read_scalars
 
     result = beatloop.fit(
         "gan", data=gan_data(320), epochs=2, seed=0, run_dir=tmp_path,
@@ -130,7 +130,7 @@ def test_tensorboard_scalars_learning_rates_and_images_read_back(tmp_path):
 def test_learning_rate_schedules_drive_the_optimizer(small_digits, tmp_path):
     import keras
 
-    from beatloop.plugins.tensorboard import read_scalars
+    from beatloop.callbacks.tensorboard import read_scalars
 
     train, _ = small_digits
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10, decay_rate=0.5)

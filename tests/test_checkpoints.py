@@ -78,7 +78,7 @@ def small_run(tmp_path, **overrides):
     import keras
 
     import beatloop
-    from beatloop.sources.digits import batches, digits_arrays
+    from beatloop.datasets import batches, digits_arrays
 
     # A seeded shuffle's order also depends on TensorFlow's global seed when the data
     # set is built: set it first, as fit does before it builds a recipe's own data.
@@ -93,7 +93,7 @@ def small_run(tmp_path, **overrides):
 
 
 def test_a_finished_run_continues_and_a_different_one_is_refused(tmp_path):
-    from beatloop.core.errors import CheckpointError
+    from beatloop.core.failures.errors import CheckpointError
 
     first = small_run(tmp_path)
     assert first.steps == 20 and first.resumed_from is None
@@ -245,7 +245,7 @@ def test_learning_rate_schedules_and_optimizer_state_resume(tmp_path):
 
 
 def test_a_run_dir_where_checkpoints_cannot_go_is_refused_before_training(tmp_path):
-    from beatloop.core.errors import RunDirError
+    from beatloop.core.failures.errors import RunDirError
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").write_text("a file, not a folder")
@@ -258,8 +258,8 @@ def test_callback_state_survives_the_checkpoint_round_trip():
     import keras
 
     from beatloop import EarlyStopping
-    from beatloop.core.callbacks import Run
-    from beatloop.core.pacing import FixedPace
+    from beatloop.core.events.callbacks import Run
+    from beatloop.core.running.pacing import FixedPace
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     bound = type("Bound", (), {"models": {"model": model}})()  # all Run.models reads

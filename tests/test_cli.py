@@ -16,7 +16,7 @@ from test_architecture import PACKAGE, cycles, long_functions, module_graph
 import beatloop
 from beatloop.cli import main
 from beatloop.cli.spelling import for_command_line
-from beatloop.core.recipe import Recipe
+from beatloop.core.running.recipe import Recipe
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 from beatloop.recipes.supervised import Supervised
@@ -34,7 +34,7 @@ def test_list_verbose_shows_modules_and_callbacks(capsys):
     assert main(["list", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "module: beatloop.recipes.supervised" in out
-    assert "callback progress: beatloop.plugins.callbacks.ProgressBar [built-in]" in out
+    assert "callback progress: beatloop.callbacks.standard.ProgressBar [built-in]" in out
 
 
 def test_show_prints_config_schedule_and_variables(capsys):

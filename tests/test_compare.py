@@ -150,7 +150,7 @@ def test_parallel_runs_stop_at_the_first_failure_and_name_its_seed(monkeypatch):
     import time
 
     from beatloop import compare
-    from beatloop.core.errors import BeatloopError
+    from beatloop.core.failures.errors import BeatloopError
 
     script = (
         "import json, sys, time; spec = json.loads(sys.argv[1]); seed = spec['seed']\n"
@@ -181,7 +181,7 @@ def test_parallel_runs_stop_at_the_first_failure_and_name_its_seed(monkeypatch):
 
 def test_tuned_takes_a_studys_best_config_before_the_entrys_own_settings(tmp_path):
     from beatloop.compare import tuned_settings
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     tokens = ["supervised", "--tuned", "studies/s1", "--set", "hidden=8", "gan", "--tuned=s2"]
     assert parse_entries(tokens) == [

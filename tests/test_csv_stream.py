@@ -16,11 +16,11 @@ from helpers import all_weights, assert_same_weights, history_records, start_pyt
 
 import beatloop
 from beatloop import DataError
+from beatloop import datasets as builtin_data
 from beatloop.cli import main
-from beatloop.core.batches import DataSplit
+from beatloop.core.data.batches import DataSplit
+from beatloop.named_data.load import NamedData, load_data, make_source
 from beatloop.recipes.supervised import Supervised
-from beatloop.sources import digits as builtin_data
-from beatloop.sources.named import NamedData, load_data, make_source
 
 
 def write_csv(path, arrays: dict, order=None, delimiter: str = ",") -> None:

@@ -24,9 +24,9 @@ from PIL import Image
 import beatloop
 from beatloop import DataChangedWarning, DataError
 from beatloop.cli import main
-from beatloop.core.beats import Beat, Schedule
-from beatloop.sources.identity import CHUNK, fingerprint
-from beatloop.sources.named import NamedData
+from beatloop.core.schedule.beats import Beat, Schedule
+from beatloop.named_data.identity import CHUNK, fingerprint
+from beatloop.named_data.load import NamedData
 
 ROWS = 48
 SETTINGS = ("batch_size=8", "validation_fraction=0.25")

@@ -19,7 +19,7 @@ from PIL import Image
 from test_distribution import finish_all
 
 from beatloop.cli.workers import free_ports, tf_config
-from beatloop.core.sharding import as_one_device, order_problems, unseeded_shuffles
+from beatloop.core.feeding.sharding import as_one_device, order_problems, unseeded_shuffles
 
 WORKER = Path(__file__).parent / "workers" / "data_order_run.py"
 #: Examples and the global batch: 7 steps an epoch, the last of 2 rows (1 a replica).

@@ -84,7 +84,7 @@ def test_multi_worker_mirrored_with_two_processes_trains_like_one_device(tmp_pat
 
 def test_a_strategy_refuses_xla_and_debug_and_non_strategies():
     import beatloop
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"must be a tf\.distribute\.Strategy, got str"):
         beatloop.fit("supervised", strategy="mirrored")
@@ -107,7 +107,7 @@ def test_a_one_replica_strategy_reads_plain_data_and_trains_like_no_strategy(kin
     from helpers import all_weights
 
     import beatloop
-    from beatloop.core.stream import _distributed, _pass_length
+    from beatloop.core.feeding.stream import _distributed, _pass_length
 
     if kind == "one_device":
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")

@@ -29,9 +29,9 @@ from helpers import (
 
 import beatloop
 from beatloop import Engine, EngineOptions
-from beatloop.core.batches import as_data_split
-from beatloop.core.errors import ConfigError, NumericsError, RunawayLossWarning
-from beatloop.core.numerics import DivergenceGuard
+from beatloop.core.compiled.numerics import DivergenceGuard
+from beatloop.core.data.batches import as_data_split
+from beatloop.core.failures.errors import ConfigError, NumericsError, RunawayLossWarning
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WORKER = Path(__file__).parent / "workers" / "divergence_mirrored.py"

@@ -19,7 +19,7 @@ import pytest
 from helpers import DOCUMENTS, ROOT, python_blocks
 
 import beatloop
-from beatloop.core.callbacks import EVENTS, Callback
+from beatloop.core.events.callbacks import EVENTS, Callback
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 

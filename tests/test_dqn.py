@@ -28,9 +28,9 @@ from helpers import (
 )
 
 import beatloop
-from beatloop.core.batches import DataSplit
-from beatloop.core.engine import Engine, EngineOptions
-from beatloop.plugins.callbacks import History
+from beatloop.callbacks.standard import History
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.running.engine import Engine, EngineOptions
 
 SEED, EPOCHS = 5, 3
 WORKER = Path(__file__).parent / "workers" / "dqn_run.py"

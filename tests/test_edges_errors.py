@@ -14,7 +14,7 @@ import tensorflow as tf
 from helpers import history_records
 
 import beatloop
-from beatloop.core.errors import ConfigError, DataError, RunDirError, ScheduleError
+from beatloop.core.failures.errors import ConfigError, DataError, RunDirError, ScheduleError
 
 TINY = ["--set", "hidden=8", "--set", "batch_size=256", "--seed", "0", "--quiet"]
 
@@ -204,7 +204,7 @@ def no_space(*args):
 
 def full(path, text):
     """``replace_file`` on a full disk: what beatloop's own write of ``path`` raises."""
-    from beatloop.core.run_dir import writing
+    from beatloop.core.saving.run_dir import writing
 
     with writing(path):
         no_space()
@@ -213,7 +213,7 @@ def full(path, text):
 def test_a_full_disk_at_the_lock_leaves_no_run_dir_and_does_not_say_resume(
     tmp_path, monkeypatch, capsys
 ):
-    import beatloop.core.run_lock as run_lock
+    import beatloop.core.saving.run_lock as run_lock
 
     monkeypatch.setattr(run_lock, "_overwrite", no_space)
     run_dir = tmp_path / "new" / "run"
@@ -232,7 +232,7 @@ def test_a_full_disk_at_the_lock_leaves_no_run_dir_and_does_not_say_resume(
 def test_a_full_disk_at_run_json_puts_the_run_dir_back_and_does_not_say_resume(
     tmp_path, monkeypatch, small_digits
 ):
-    import beatloop.core.record as record
+    import beatloop.core.saving.record as record
 
     monkeypatch.setattr(record, "replace_file", full)
     train, _ = small_digits

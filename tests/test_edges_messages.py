@@ -22,11 +22,11 @@ from markdown.extensions.toc import slugify
 
 import beatloop
 from beatloop.cli import main
-from beatloop.core.beats import Beat, Schedule
-from beatloop.core.binding import bind
-from beatloop.core.errors import did_you_mean
-from beatloop.core.forward import ModelCalls
-from beatloop.core.metrics import LazyLogs
+from beatloop.core.compiled.binding import bind
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.compiled.metrics import LazyLogs
+from beatloop.core.failures.errors import did_you_mean
+from beatloop.core.schedule.beats import Beat, Schedule
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 from beatloop.recipes.supervised import Supervised

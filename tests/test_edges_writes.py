@@ -17,7 +17,7 @@ from updates_recipe import Byol, build_byol_models, byol_data
 
 import beatloop
 from beatloop import Act, Beat, Schedule, Update
-from beatloop.core.binding import bind
+from beatloop.core.compiled.binding import bind
 
 SPEC = {"x": tf.TensorSpec([None, 8], tf.float32)}
 

@@ -24,8 +24,8 @@ from helpers import (
 
 import beatloop
 from beatloop import Callback, ClipByValue, Schedule, UserCodeError
-from beatloop.core.batches import as_data_split
-from beatloop.core.engine import Engine, EngineOptions
+from beatloop.core.data.batches import as_data_split
+from beatloop.core.running.engine import Engine, EngineOptions
 
 
 def engine_for(train, validation=None, model=None, options=None, callbacks=(), lr=1e-2):
@@ -250,7 +250,7 @@ def test_a_process_exiting_waits_for_the_iterators_being_destroyed_apart(tmp_pat
     done = tmp_path / "destroyed"
     code = f"""
 import time
-from beatloop.core.letting_go import APART, release_apart
+from beatloop.core.feeding.letting_go import APART, release_apart
 
 class Slow:
     def __del__(self):
@@ -268,7 +268,7 @@ release_apart([Slow()])
 def test_a_forked_child_starts_its_own_releasing_thread():
     code = """
 import os
-from beatloop.core.letting_go import APART
+from beatloop.core.feeding.letting_go import APART
 
 APART.start()
 pid = os.fork()

@@ -52,7 +52,7 @@ def copied(run_dir: Path, tmp_path: Path) -> Path:
 
 
 def test_fewer_epochs_than_the_run_dir_holds_are_refused_and_nothing_changes(finished, tmp_path):
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     run_dir = copied(finished[0], tmp_path)
     before = snapshot(run_dir)

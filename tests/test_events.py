@@ -8,7 +8,7 @@ from helpers import tuple_batches
 
 import beatloop
 from beatloop import Callback, CallbackError, Order, when
-from beatloop.core.callbacks import CallbackList
+from beatloop.core.events.callbacks import CallbackList
 
 
 class Named(Callback):
@@ -60,7 +60,7 @@ def test_the_gan_grid_is_made_before_tensorboard_writes_it_whatever_the_list(tmp
     recipe's grid callback is added after the user's callbacks."""
     import tensorflow as tf
 
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.datasets import digits_arrays
 
     train, _ = digits_arrays(0, signed=True)
     data = tf.data.Dataset.from_tensor_slices({"x": train["x"][:64]}).batch(32)
@@ -126,7 +126,7 @@ def test_filters_count_epochs_and_steps(small_digits):
 
 
 def test_filters_are_stateless_so_a_resumed_run_keeps_the_rhythm():
-    from beatloop.core.callbacks import EventFilter
+    from beatloop.core.events.callbacks import EventFilter
 
     every = EventFilter(every=4)
 

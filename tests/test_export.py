@@ -108,7 +108,7 @@ def csv_run(tmp_path_factory):
 
 def test_cli_export_rebuilds_a_data_run_on_the_data_its_run_json_names(csv_run, tmp_path, capsys):
     from beatloop.cli import main
-    from beatloop.sources.named import NamedData
+    from beatloop.named_data.load import NamedData
 
     run_dir, table = csv_run
     assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0, capsys.readouterr().err

@@ -12,12 +12,12 @@ import tensorflow as tf
 from helpers import classifier, tuple_batches
 
 import beatloop
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import IgnoredSettingWarning, RunawayLossWarning
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import DataSource
+from beatloop.core.failures.errors import IgnoredSettingWarning, RunawayLossWarning
+from beatloop.named_data.load import load_data
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
-from beatloop.sources.base import DataSource
-from beatloop.sources.named import load_data
 
 
 def _fit_warnings(**options) -> list[str]:
@@ -47,7 +47,7 @@ def test_a_runaway_loss_warns_once_naming_the_beat_the_epoch_and_the_loss(small_
 
 
 def test_the_runaway_rule():
-    from beatloop.core.numerics import runaway_words
+    from beatloop.core.compiled.numerics import runaway_words
 
     assert runaway_words("g", 2, float("inf"), 1.0).startswith(
         "the loss of beat 'g' ran away in epoch 3: inf, not finite; "

@@ -11,11 +11,11 @@ from helpers import dict_batches, gan_data, record_weights_per_loss, same_weight
 from PIL import Image
 
 import beatloop
-from beatloop import quality
 from beatloop.cli import main
-from beatloop.core.forward import ModelCalls
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.datasets import digits_arrays
+from beatloop.recipes import gan_quality as quality
 from beatloop.recipes.gan import Gan
-from beatloop.sources.digits import digits_arrays
 
 
 def test_each_beat_changes_only_its_own_network():

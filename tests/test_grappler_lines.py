@@ -18,7 +18,7 @@ import textwrap
 import pytest
 from helpers import python_env
 
-from beatloop.core.grappler_lines import GIVE_UP
+from beatloop.core.feeding.grappler_lines import GIVE_UP
 
 #: A recipe whose generator loss writes a Grappler-shaped line and a line of its own to
 #: standard error at every step (``tf.print``: from C++, as Grappler writes).
@@ -81,8 +81,8 @@ FIT = textwrap.dedent(
     import sys
     import tensorflow as tf
     import beatloop
-    from beatloop.core import grappler_lines
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.core.feeding import grappler_lines
+    from beatloop.datasets import digits_arrays
     from speaking import Speaking
 
     x = digits_arrays(0, signed=True)[0]["x"][:128]

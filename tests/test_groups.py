@@ -20,7 +20,7 @@ from helpers import (
 
 import beatloop
 from beatloop import Beat, Group, Schedule
-from beatloop.core.binding import bind
+from beatloop.core.compiled.binding import bind
 
 WORKER = Path(__file__).parent / "workers" / "tutorial_dcgan.py"
 LATENT = 8
@@ -359,8 +359,8 @@ def test_a_fit_traces_a_groups_forward_once_and_that_trace_finds_a_missing_gradi
 
 
 def test_an_engine_built_not_to_train_traces_its_training_loop_and_checks_it_on_first_call():
-    from beatloop.core.batches import DataSplit
-    from beatloop.core.engine import Engine
+    from beatloop.core.data.batches import DataSplit
+    from beatloop.core.running.engine import Engine
 
     def a_only(models, batch):
         return {"a": models["a"](batch["x"]), "b": tf.zeros_like(batch["y"])}

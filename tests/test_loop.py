@@ -13,12 +13,12 @@ import pytest
 import tensorflow as tf
 
 from beatloop import Beat, Schedule, bind
-from beatloop.core.batches import DataSplit
-from beatloop.core.counters import Counters
-from beatloop.core.loop import CallResult, CompiledLoop
-from beatloop.core.metrics import StepMetrics
-from beatloop.core.step import TrainStep
-from beatloop.core.stream import DataStream
+from beatloop.core.compiled.counters import Counters
+from beatloop.core.compiled.loop import CallResult, CompiledLoop
+from beatloop.core.compiled.metrics import StepMetrics
+from beatloop.core.compiled.step import TrainStep
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.feeding.stream import DataStream
 
 SPEC = {"x": tf.TensorSpec([None, 3], tf.float32), "y": tf.TensorSpec([None], tf.float32)}
 

@@ -19,7 +19,7 @@ from test_evaluate import snapshot, unprefixed
 
 import beatloop
 from beatloop.cli import main
-from beatloop.core.forward import ModelCalls
+from beatloop.core.compiled.forward import ModelCalls
 from beatloop.recipes.meta import Meta
 from beatloop.recipes.sinusoids import (
     AMPLITUDE,

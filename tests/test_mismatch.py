@@ -12,7 +12,7 @@ from tensorflow.python.framework import config as tf_config
 
 import beatloop
 from beatloop import DataError, InputMismatchError, LabelRangeError, UserCodeError
-from beatloop.core.op_errors import data_errors, largest_label
+from beatloop.core.compiled.op_errors import data_errors, largest_label
 from beatloop.recipes.supervised import Supervised
 
 
@@ -376,8 +376,8 @@ def test_beatloops_own_errors_and_exits_from_callbacks_pass_unchanged(small_digi
 
 
 def test_callbacks_of_beatloops_own_pass_their_errors_unchanged():
-    from beatloop.core.callbacks import reported
-    from beatloop.plugins.callbacks import History
+    from beatloop.callbacks.standard import History
+    from beatloop.core.events.callbacks import reported
 
     error = OSError("disk full")
     assert reported(error, History(), "epoch_end") is error
@@ -394,8 +394,8 @@ def op_types(engine) -> list[str]:
 def test_the_checks_add_no_op_to_the_compiled_step(small_digits, monkeypatch):
     # The label keys are read only when a step fails, and the input checks run in
     # Python when the step is traced: without either, the step's graph is the same.
-    from beatloop.core import forward
-    from beatloop.core.batches import as_data_split
+    from beatloop.core.compiled import forward
+    from beatloop.core.data.batches import as_data_split
 
     train, _ = small_digits
 

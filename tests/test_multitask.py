@@ -10,7 +10,7 @@ import tensorflow as tf
 from helpers import dict_batches, record_weights_per_loss, same_weights
 
 import beatloop
-from beatloop.core.forward import ModelCalls
+from beatloop.core.compiled.forward import ModelCalls
 from beatloop.recipes.multitask import Multitask, dwa_weights
 
 SPEC = {"x": tf.TensorSpec([None, 64]), "y": tf.TensorSpec([None], tf.int32)}

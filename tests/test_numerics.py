@@ -40,7 +40,7 @@ def poisoned_run(digits, run_dir, **options):
 
 def test_a_nan_batch_stops_the_run_naming_beat_step_and_checkpoint(digits, tmp_path):
     import beatloop
-    from beatloop.core.errors import NumericsError
+    from beatloop.core.failures.errors import NumericsError
 
     with pytest.raises(NumericsError) as caught:
         poisoned_run(digits, tmp_path)
@@ -58,8 +58,8 @@ def test_a_nan_batch_stops_the_run_naming_beat_step_and_checkpoint(digits, tmp_p
 
 def test_the_guard_watches_every_beat_and_stops_at_the_faulty_step(digits):
     from beatloop import Engine, EngineOptions
-    from beatloop.core.batches import as_data_split
-    from beatloop.core.errors import NumericsError
+    from beatloop.core.data.batches import as_data_split
+    from beatloop.core.failures.errors import NumericsError
 
     # Beat 'fit_a' fits model a to x (clean), beat 'fit_b' fits model b to z (NaN in
     # batch 3), each a linear model by SGD(0.01).
@@ -94,7 +94,7 @@ def test_rollback_restores_the_last_checkpoint_and_skips_the_offending_batch(dig
 
 def test_rollbacks_are_bounded_and_need_a_run_dir(digits, tmp_path):
     import beatloop
-    from beatloop.core.errors import ConfigError, NumericsError
+    from beatloop.core.failures.errors import ConfigError, NumericsError
 
     with (
         pytest.warns(RuntimeWarning, match="rollback 1 of at most 1"),

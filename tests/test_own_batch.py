@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import beatloop
-from beatloop.core.forward import ModelCalls
-from beatloop.core.replicas import BatchShare, ReplicaRandom, declared, entry_weight
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.devices.replicas import BatchShare, ReplicaRandom, declared, entry_weight
 
 
 def test_on_one_device_an_own_batch_is_the_whole_batch_and_the_runs_generator():

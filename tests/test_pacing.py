@@ -14,7 +14,7 @@ from helpers import all_weights, assert_same_weights, python_env
 
 import beatloop
 from beatloop import Callback, ConfigError
-from beatloop.core.pacing import AUTO_CEILING, AutoPace, AutoTargets, pace_for
+from beatloop.core.running.pacing import AUTO_CEILING, AutoPace, AutoTargets, pace_for
 
 
 def timed(pace: AutoPace, per_call: float, per_step: float, calls: int = 200) -> list[int]:

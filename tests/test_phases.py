@@ -20,8 +20,8 @@ from phased_recipe import PretrainThenProbe, data, models, probe, reconstruction
 
 import beatloop
 from beatloop.cli import main
-from beatloop.core.batches import DataSplit
-from beatloop.core.engine import Engine
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.running.engine import Engine
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 

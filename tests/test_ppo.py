@@ -21,10 +21,10 @@ from helpers import all_weights, assert_same_weights, start_python, worker
 from ppo_hand import HandWrittenPpo
 
 import beatloop
-from beatloop.core.batches import DataSplit
-from beatloop.core.engine import Engine, EngineOptions
-from beatloop.environments.base import Environment
-from beatloop.plugins.callbacks import History
+from beatloop.callbacks.standard import History
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.environment import Environment
+from beatloop.core.running.engine import Engine, EngineOptions
 from beatloop.plugins.registry import registry
 
 SEED, EPOCHS = 3, 3

@@ -82,7 +82,7 @@ class FarTarget(beatloop.Recipe):
 
 def test_an_overflowing_step_is_skipped_and_the_scale_lowered():
     from beatloop import Engine, EngineOptions
-    from beatloop.core.batches import as_data_split
+    from beatloop.core.data.batches import as_data_split
 
     batch = {"x": np.ones((8, 4), np.float32)}
     data = tf.data.Dataset.from_tensors(batch).repeat(12)  # 12 steps of one batch

@@ -14,8 +14,8 @@ from helpers import all_weights, assert_same_weights, tuple_batches
 
 import beatloop
 from beatloop import Beat, Schedule
-from beatloop.core.batches import as_data_split
-from beatloop.core.engine import Engine, EngineOptions
+from beatloop.core.data.batches import as_data_split
+from beatloop.core.running.engine import Engine, EngineOptions
 
 ROWS = {"x": np.linspace(-1, 1, 48, dtype=np.float32).reshape(12, 4)}
 ROWS["y"] = ROWS["x"][:, :2] * 0.5

@@ -18,8 +18,8 @@ from helpers import all_weights, assert_same_weights, start_python, worker
 from recommender_hand import HandWrittenRecommender, towers, vocabularies
 
 import beatloop
-from beatloop.core.engine import Engine, EngineOptions
-from beatloop.plugins.callbacks import History
+from beatloop.callbacks.standard import History
+from beatloop.core.running.engine import Engine, EngineOptions
 from beatloop.recipes.recommender_data import baselines, synthetic_ratings
 
 SEED = 3
@@ -140,7 +140,7 @@ def test_string_and_integer_ids_from_other_keys():
 
 
 def test_a_csv_of_three_columns_trains_and_evaluates_on_its_held_out_rows(tmp_path):
-    from beatloop.sources.named import NamedData, load_data
+    from beatloop.named_data.load import NamedData, load_data
 
     rows = synthetic_ratings(2, 40, 30, 15)[0]
     lines = ["user,item,rating"] + [
@@ -159,7 +159,7 @@ def test_a_csv_of_three_columns_trains_and_evaluates_on_its_held_out_rows(tmp_pa
 
 
 def test_a_movielens_shaped_csv_names_its_columns_batch_keys(tmp_path):
-    from beatloop.sources.named import NamedData, load_data
+    from beatloop.named_data.load import NamedData, load_data
 
     rows = synthetic_ratings(2, 30, 20, 12)[0]
     lines = ["userId,movieId,rating,timestamp"] + [
@@ -183,7 +183,7 @@ def test_a_movielens_shaped_csv_names_its_columns_batch_keys(tmp_path):
     ("item", "found"), [("userId:x", "'x' is taken"), ("userId:2nd", "not COLUMN:KEY")]
 )
 def test_a_csv_key_that_cannot_be_a_batch_key_is_a_data_error(tmp_path, item, found):
-    from beatloop.sources.named import load_data
+    from beatloop.named_data.load import load_data
 
     (tmp_path / "r.csv").write_text("userId,movieId,rating\n1,2,3\n2,3,4\n")
     with pytest.raises(beatloop.DataError, match=found):
@@ -192,7 +192,7 @@ def test_a_csv_key_that_cannot_be_a_batch_key_is_a_data_error(tmp_path, item, fo
 
 
 def test_tfrecords_with_string_ids_under_other_feature_names(tmp_path):
-    from beatloop.sources.named import NamedData
+    from beatloop.named_data.load import NamedData
 
     rows = synthetic_ratings(2, 20, 15, 12)[0]
     with tf.io.TFRecordWriter(str(tmp_path / "r.tfrecord")) as writer:

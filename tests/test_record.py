@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from beatloop.core.errors import CheckpointError
-from beatloop.core.record import RunRecord
+from beatloop.core.failures.errors import CheckpointError
+from beatloop.core.saving.record import RunRecord
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_checkpoints" / "gan"
 

@@ -8,11 +8,11 @@ from helpers import all_weights, assert_close_weights, dict_batches
 from scipy.stats import ks_2samp
 
 import beatloop
-from beatloop.core.errors import RunawayLossWarning
-from beatloop.core.forward import ModelCalls
+from beatloop import datasets as data
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.failures.errors import RunawayLossWarning
 from beatloop.metrics import KSStatistic
 from beatloop.recipes.risk_weighted import RiskWeighted
-from beatloop.sources import digits as data
 
 
 @pytest.fixture(scope="module")

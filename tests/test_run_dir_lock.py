@@ -34,8 +34,8 @@ def snapshot(path: Path) -> dict | None:
 
 
 def test_a_held_run_dir_is_refused_naming_the_holder_and_the_lock_file_is_put_back(tmp_path):
-    from beatloop.core.errors import RunDirError
-    from beatloop.core.run_lock import RunDirLock
+    from beatloop.core.failures.errors import RunDirError
+    from beatloop.core.saving.run_lock import RunDirLock
 
     run_dir = tmp_path / "new" / "run"
     with RunDirLock.acquire(run_dir) as lock:
@@ -59,8 +59,8 @@ def test_a_held_run_dir_is_refused_naming_the_holder_and_the_lock_file_is_put_ba
 
 def test_fit_is_refused_on_a_held_run_dir_and_leaves_it_as_it_was(tmp_path):
     import beatloop
-    from beatloop.core.errors import RunDirError
-    from beatloop.core.run_lock import RunDirLock
+    from beatloop.core.failures.errors import RunDirError
+    from beatloop.core.saving.run_lock import RunDirLock
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -77,7 +77,7 @@ def test_a_run_that_fails_at_its_first_step_leaves_no_lock_behind(tmp_path):
     import numpy as np
 
     import beatloop
-    from beatloop.sources.digits import batches
+    from beatloop.datasets import batches
 
     # A label out of range: the first step fails.
     data = batches({"x": np.zeros((8, 64), "float32"), "y": np.full(8, 12, "int64")}, 8)

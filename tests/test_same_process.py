@@ -21,7 +21,7 @@ from helpers import (
 )
 
 import beatloop
-from beatloop.core.naming import RunNames, history_named
+from beatloop.core.running.naming import RunNames, history_named
 from beatloop.plugins.registry import registry
 
 WORKERS = Path(__file__).parent / "workers"

@@ -78,7 +78,7 @@ def test_a_second_sigterm_stops_at_once_without_a_checkpoint(tmp_path):
 
 
 def test_ctrl_c_keeps_its_exit_code():
-    from beatloop.core.errors import EXIT_CODES, RunInterrupted
+    from beatloop.core.failures.errors import EXIT_CODES, RunInterrupted
 
     assert RunInterrupted("interrupted", None).exit_code == 130
     assert RunInterrupted("stopped", None, signal.SIGTERM).exit_code == 143

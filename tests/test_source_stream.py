@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from beatloop.core.errors import DataError
-from beatloop.sources import digits as data
+from beatloop import datasets as data
+from beatloop.core.failures.errors import DataError
 from beatloop.sources.stream import StreamConfig, stream_batches, stream_split
 
 COUNT = 300

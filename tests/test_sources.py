@@ -17,12 +17,12 @@ from PIL import Image
 
 import beatloop
 from beatloop import ConfigError, DataError, RegistrationError
+from beatloop import datasets as builtin_data
 from beatloop.cli import main
+from beatloop.named_data.load import load_data
 from beatloop.plugins import registry as registry_module
 from beatloop.recipes.gan import Gan
 from beatloop.recipes.supervised import Supervised
-from beatloop.sources import digits as builtin_data
-from beatloop.sources.named import load_data
 
 IMAGES = 40  # digits written as PNGs: 4 per class for the ten classes
 
@@ -442,7 +442,7 @@ import attrs
 import numpy as np
 
 import beatloop
-from beatloop.sources.arrays import split_arrays
+from beatloop.datasets import split_arrays
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import beatloop
-from beatloop.core.errors import ConfigError, DataError
+from beatloop.core.failures.errors import ConfigError, DataError
 
 
 def small_model() -> keras.Model:

@@ -8,7 +8,7 @@ import tensorflow as tf
 from PIL import Image
 
 import beatloop
-from beatloop.core.forward import ModelCalls
+from beatloop.core.compiled.forward import ModelCalls
 from beatloop.recipes.style_transfer import StyleTransfer, gram_matrix
 
 SMALL = {"image_size": 32, "steps_per_epoch": 25}

@@ -14,12 +14,12 @@ from helpers import all_weights, assert_same_weights, classifier, dict_batches, 
 
 import beatloop
 from beatloop.cli import main
-from beatloop.core.binding import bind
-from beatloop.core.supplied import SuppliedModel, model_names
+from beatloop.core.compiled.binding import bind
+from beatloop.core.schedule.supplied import SuppliedModel, model_names
+from beatloop.datasets import batches, digits_arrays
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 from beatloop.recipes.style_transfer import StyleTransfer, random_vgg
-from beatloop.sources.digits import batches, digits_arrays
 
 TEACHER = "a trained digits classifier (64 inputs, 10 logits)"
 

@@ -28,10 +28,10 @@ from helpers import (
 import beatloop
 from beatloop import ConfigError, DataError
 from beatloop.cli import main
-from beatloop.core.batches import DataSplit
-from beatloop.sources.digits import batches
+from beatloop.core.data.batches import DataSplit
+from beatloop.datasets import batches
+from beatloop.named_data.load import load_data
 from beatloop.sources.example_spec import FeatureSpec, infer_spec, parse_spec
-from beatloop.sources.named import load_data
 from beatloop.sources.tfrecord import TfrecordConfig, TfrecordSource
 
 SHARDS = (60, 50, 50, 40)  # records per file: 200 digits, files of unequal length

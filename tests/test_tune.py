@@ -17,7 +17,7 @@ import pytest
 from helpers import find_block, model_variables, start_python
 
 from beatloop.cli import main
-from beatloop.core.errors import ConfigError
+from beatloop.core.failures.errors import ConfigError
 from beatloop.recipes.supervised import SupervisedConfig
 from beatloop.tuning.report import format_trials, write_best_toml
 from beatloop.tuning.space import parse_space

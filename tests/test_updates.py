@@ -18,7 +18,7 @@ from updates_recipe import Byol, build_byol_models, byol_data, hand_written_byol
 
 import beatloop
 from beatloop import EMA, Act, Beat, Copy, Schedule, Update
-from beatloop.core.binding import bind
+from beatloop.core.compiled.binding import bind
 
 WORKERS = Path(__file__).parent / "workers"
 updates_run = worker("updates_run")

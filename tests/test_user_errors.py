@@ -99,7 +99,7 @@ class Broken(beatloop.Recipe):
         self.loss_fails, self.metrics_fail = loss_fails, metrics_fail
 
     def default_data(self, seed):
-        from beatloop.sources.digits import digits
+        from beatloop.datasets import digits
 
         return digits(seed, 50)
 

@@ -223,8 +223,8 @@ HEARTBEATS = (
 def test_a_lost_worker_is_named_from_tensorflows_words(tmp_path):
     import tensorflow as tf
 
-    from beatloop.core.errors import DataError
-    from beatloop.core.workers import Worker, lost_worker_error
+    from beatloop.core.devices.workers import Worker, lost_worker_error
+    from beatloop.core.failures.errors import DataError
 
     chief, second = Worker("worker", 0, 3), Worker("worker", 1, 3)
     assert chief.is_chief and not second.is_chief
@@ -259,7 +259,7 @@ def test_a_lost_worker_is_named_from_tensorflows_words(tmp_path):
 
 
 def test_only_the_chief_writes_the_run_dir_and_the_others_temporary_dirs_go(tmp_path):
-    from beatloop.core.workers import Worker, write_dir
+    from beatloop.core.devices.workers import Worker, write_dir
 
     with write_dir(tmp_path / "run", Worker("worker", 0, 3)) as written:
         assert written == tmp_path / "run"

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import beatloop
-from beatloop.core.batches import DataSplit
+from beatloop.core.data.batches import DataSplit
 
 USERS, ITEMS, RATED, FACTORS, EMBEDDING = 64, 48, 16, 4, 32
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.errors import ConfigError
-from beatloop.core.run import Run
-from beatloop.core.run_dir import append_line, replace_file, writing
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import ConfigError
+from beatloop.core.saving.run_dir import append_line, replace_file, writing
 
 
 class History(Callback):

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from beatloop.core.callbacks import Callback, EventFilter, Order
-from beatloop.core.errors import ConfigError
-from beatloop.core.run import Run
+from beatloop.core.events.callbacks import Callback, EventFilter, Order
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import ConfigError
 
 
 class TensorBoard(Callback):

@@ -30,7 +30,7 @@ def _run(command, args) -> int:
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
 
     if args.verbose:
-        from beatloop.core import grappler_lines
+        from beatloop.core.feeding import grappler_lines
 
         with grappler_lines.shown():
             return command.run(args)

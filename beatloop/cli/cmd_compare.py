@@ -71,7 +71,7 @@ def run(args) -> int:
     from beatloop.cli.options import data_option
     from beatloop.compare import compare, parse_entries
     from beatloop.compare_report import format_table
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
     from beatloop.plugins.registry import get_recipe
 
     tokens, options = _trailing_options(args)
@@ -112,7 +112,7 @@ def run(args) -> int:
 def _trailing_options(args) -> tuple[list[str], dict]:
     """The recipe entries, and the options given after them (argparse leaves those in
     the entries); ``--data``, ``--validation-data`` and ``--data-set`` go into ``args``."""
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     tokens, options = list(args.entries), {}
     for flag, kind in TRAILING:

@@ -51,9 +51,9 @@ def run(args) -> int:
 def source_descriptions(kind: str | None) -> list[list[str]]:
     """Each kind's lines (``kind``: that one only), a plugin's marked with its origin;
     for every kind, the paragraph on the parameters they share first, once."""
+    from beatloop.core.data.source import SourceConfig
+    from beatloop.named_data.load import describe_source, shared_parameters
     from beatloop.plugins.registry import registry
-    from beatloop.sources.base import SourceConfig
-    from beatloop.sources.named import describe_source, shared_parameters
 
     reg = registry()
     names = reg.source_names() if kind is None else [reg.source(kind).name]

@@ -47,8 +47,8 @@ def _evaluation_data(args):
     batch size, its source defaults); ``None`` without ``--data``: ``evaluate`` then
     takes the run's own validation data."""
     from beatloop.cli.recorded import recorded_recipe
-    from beatloop.core.errors import ConfigError
-    from beatloop.sources.named import load_whole
+    from beatloop.core.failures.errors import ConfigError
+    from beatloop.named_data.load import load_whole
 
     if args.data is None:
         if args.data_set:

@@ -30,7 +30,7 @@ def add_command(commands) -> None:
 
 
 def run(args) -> int:
-    from beatloop.core.run_dir import check_export_dir
+    from beatloop.core.saving.run_dir import check_export_dir
     from beatloop.fitting import restore
 
     check_export_dir(args.out)  # before the run is rebuilt, and before anything is written

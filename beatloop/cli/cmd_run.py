@@ -161,7 +161,7 @@ def run(args) -> int:
 
         return launch(args, _recipe_name(args))
     from beatloop.cli.run_parts import model_paths, resume_notice, strategy
-    from beatloop.core.config import make_config, parse_settings
+    from beatloop.core.schedule.config import make_config, parse_settings
     from beatloop.fitting import fit
     from beatloop.plugins.registry import get_recipe, registry
 
@@ -210,7 +210,7 @@ def _with_run_file(args) -> tuple[argparse.Namespace, dict]:
     """The run's options: the flags given, over the run file's values (``--config``),
     over the flags' defaults; and the run file's config fields (``--set`` overrides
     them). Without ``--config``: the flags, and no fields."""
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
     from beatloop.run_file import read_run_file
 
     merged, fields = vars(args).copy(), {}
@@ -246,7 +246,7 @@ def _run_file_options() -> dict[str, argparse.Action]:
 
 def _field_names(recipe: str) -> list[str]:
     """The config field names of the registered recipe ``recipe``."""
-    from beatloop.core.config import config_fields
+    from beatloop.core.schedule.config import config_fields
     from beatloop.plugins.registry import get_recipe
 
     return [field.name for field in config_fields(get_recipe(recipe).Config)]

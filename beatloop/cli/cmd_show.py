@@ -17,8 +17,8 @@ def add_command(commands) -> None:
 def run(args) -> int:
     import attrs
 
-    from beatloop.core.config import config_fields, parse_settings, type_name
-    from beatloop.core.phases import Phases
+    from beatloop.core.schedule.config import config_fields, parse_settings, type_name
+    from beatloop.core.schedule.phases import Phases
     from beatloop.fitting import make_recipe
     from beatloop.plugins.registry import get_recipe
 
@@ -51,8 +51,8 @@ def run(args) -> int:
 def _show_state(recipe) -> dict:
     """The recipe's state (``Recipe.build_state``), one line per variable; returns it
     (binding's probe hands it to the losses)."""
-    from beatloop.core.recipe import defines
-    from beatloop.core.recipe_state import built_state, describe_state
+    from beatloop.core.running.recipe import defines
+    from beatloop.core.schedule.recipe_state import built_state, describe_state
 
     if not defines(recipe, "build_state"):
         return {}
@@ -65,7 +65,7 @@ def _show_state(recipe) -> dict:
 
 def _show_data(recipe) -> None:
     """The batches the recipe takes, and the data source parameters it sets."""
-    from beatloop.core.recipe import defines
+    from beatloop.core.running.recipe import defines
 
     keys = ", ".join(
         f"{key} (at least {rank} dimension(s), batch first)"
@@ -86,8 +86,8 @@ def _show_variables(recipe, schedule, state=None) -> None:
     """The variables each beat updates (and each update writes) in the recipe's default
     models, or why they cannot be shown (no built-in data, no models built, a required
     model not built); ``state``: the recipe's, which the binding probe's losses read."""
-    from beatloop.core.phased import bind_schedule
-    from beatloop.core.phases import Phases, schedules_of
+    from beatloop.core.compiled.phased import bind_schedule
+    from beatloop.core.schedule.phases import Phases, schedules_of
 
     updating = any(each.updates for each in schedules_of(schedule))
     writers = " and each update writes" if updating else ""
@@ -116,7 +116,7 @@ def _show_variables(recipe, schedule, state=None) -> None:
 def _not_shown(recipe) -> tuple[list[str], dict]:
     """Why the recipe's default models cannot be built and bound (in Python's and the
     command line's words), or no reason and the models."""
-    from beatloop.core.recipe import defines
+    from beatloop.core.running.recipe import defines
 
     lacking = []
     if not defines(recipe, "default_data"):

@@ -77,7 +77,7 @@ def add_command(commands) -> None:
 
 
 def run(args) -> int:
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
     from beatloop.tuning import tune
     from beatloop.tuning.report import format_trials
 
@@ -113,7 +113,7 @@ def run(args) -> int:
 
 def _from_file(path: Path) -> dict:
     """A TOML tune file's values by option name: ``space`` and ``set`` as flag texts."""
-    from beatloop.core.errors import ConfigError, did_you_mean
+    from beatloop.core.failures.errors import ConfigError, did_you_mean
     from beatloop.run_file import setting_text
 
     if not path.is_file():

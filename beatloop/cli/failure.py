@@ -21,7 +21,7 @@ REPORT = (
 def report_failure(error: BaseException, verbose: bool) -> int:
     """Report what ended the command on standard error; return its exit code. A
     ``SystemExit`` goes on as it is."""
-    from beatloop.core.errors import BeatloopError, RunInterrupted, UserCodeError
+    from beatloop.core.failures.errors import BeatloopError, RunInterrupted, UserCodeError
 
     if isinstance(error, SystemExit):
         raise error

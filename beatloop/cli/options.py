@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from beatloop.core.errors import EXIT_CODES
-from beatloop.core.pacing import steps_per_execution
+from beatloop.core.failures.errors import EXIT_CODES
+from beatloop.core.running.pacing import steps_per_execution
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -94,7 +94,7 @@ def add_data_set_option(parser: argparse.ArgumentParser, help: str) -> None:
 def data_option(args):
     """The ``data=`` that ``--data`` asks for: ``None`` (the recipe's built-in data), or
     a function ``(recipe, seed) -> DataSplit`` for ``fit`` to call."""
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     validation = getattr(args, "validation_data", None)
     if args.data is None:
@@ -102,6 +102,6 @@ def data_option(args):
             given = "--validation-data" if validation is not None else "--data-set"
             raise ConfigError(f"{given} needs --data KIND:PATH")
         return None
-    from beatloop.sources.named import NamedData
+    from beatloop.named_data.load import NamedData
 
     return NamedData(args.data, tuple(args.data_set), validation)

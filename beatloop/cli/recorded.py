@@ -1,12 +1,12 @@
 """A finished run as ``export`` and ``evaluate`` read it: its recipe rebuilt from the
 latest checkpoint's record, and the data it was named with (``run.json``'s
-``data_source``, read again by ``beatloop.sources.recorded``, whose functions are here too)."""
+``data_source``, read again by ``beatloop.named_data.recorded``, whose functions are here too)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from beatloop.sources.recorded import read_recorded_source, recorded_source
+from beatloop.named_data.recorded import read_recorded_source, recorded_source
 
 __all__ = ["read_recorded_source", "recorded_recipe", "recorded_source"]
 
@@ -14,8 +14,8 @@ __all__ = ["read_recorded_source", "recorded_recipe", "recorded_source"]
 def recorded_recipe(run_dir: Path, verb: str):
     """The run's record (latest readable checkpoint) and its recipe, configured as it
     was; a ``CheckpointError`` when there is none to ``verb``."""
-    from beatloop.core.checkpoints import latest_record
-    from beatloop.core.errors import CheckpointError
+    from beatloop.core.failures.errors import CheckpointError
+    from beatloop.core.saving.checkpoints import latest_record
     from beatloop.fitting import config_overrides, make_recipe
     from beatloop.plugins.registry import get_recipe
 

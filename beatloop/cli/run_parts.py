@@ -10,7 +10,7 @@ from pathlib import Path
 
 def model_paths(values: Sequence[str]) -> dict[str, str]:
     """``--model NAME=PATH`` options as ``{NAME: PATH}`` (each name once)."""
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     paths: dict[str, str] = {}
     for value in values:
@@ -29,7 +29,7 @@ def model_paths(values: Sequence[str]) -> dict[str, str]:
 
 def resume_notice():
     """A callback that says, before training, which checkpoint a run resumes from."""
-    from beatloop.core.callbacks import Callback
+    from beatloop.core.events.callbacks import Callback
 
     class ResumeNotice(Callback):
         def on_fit_start(self, run) -> None:
@@ -61,7 +61,7 @@ def check_tf_config(text: str | None) -> None:
     one worker alone, silently."""
     import json
 
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     example = (
         'e.g. TF_CONFIG=\'{"cluster": {"worker": ["hostA:12345", "hostB:12345"]}, '

@@ -70,7 +70,7 @@ def workers_count(text: str) -> int:
 def refuse_cluster_options(strategy: str, environ=os.environ) -> None:
     """``--workers N`` makes its own cluster: refuse ``--strategy mirrored`` and a
     ``TF_CONFIG`` already set (whose cluster would be ignored)."""
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
 
     if strategy == "mirrored":
         raise ConfigError(

@@ -1,1 +1,2 @@
-"""The engine and its vocabulary: beats, schedules, recipes, callbacks, errors."""
+"""The engine in nine wings, lowest first: failures, schedule, data, saving, devices,
+compiled, feeding, events, running; each imports only its own and lower wings."""

@@ -2,7 +2,7 @@
 recipe's default) and ``cartpole`` (the classic pole balancing, in TensorFlow ops, the
 ``ppo`` recipe's default), each with batched methods on the whole stack of copies.
 Registered by the built-in plugin; a recipe finds them by name through
-``beatloop.environments.registry``.
+``beatloop.core.data.environment_lookup``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 import attrs
 import tensorflow as tf
 
-from beatloop.core.config import setting
-from beatloop.environments.base import Environment, State
+from beatloop.core.data.environment import Environment, State
+from beatloop.core.schedule.config import setting
 
 
 def _at_least(low: int):

@@ -2,10 +2,10 @@
 dict batches: the source named, its parameters read, its batches checked against the
 recipe.
 
-A source kind is a registered class (``beatloop.sources.base.DataSource``; built-ins:
-``folder``, ``npz``, the streamed ``csv`` and ``tfrecord``, a module each in this wing;
-plugins add more through the ``register_data_sources`` hook), found by name in
-``beatloop.sources.registry``, with a ``name``, an attrs ``Config`` of its parameters
+A source kind is a registered class (``beatloop.DataSource``; built-ins: ``folder``,
+``npz``, the streamed ``csv`` and ``tfrecord``, a module each in ``beatloop/sources/``;
+plugins add more through the ``register_data_sources`` hook), found by name in the
+plugins' registry, with a ``name``, an attrs ``Config`` of its parameters
 (set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)`` method.
 ``load_data`` is what the ``run``, ``evaluate`` and ``compare`` commands call.
 """
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.config import make_config, parse_settings
-from beatloop.core.errors import ConfigError, DataError
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import DataSource, SourceConfig
+from beatloop.core.failures.errors import ConfigError, DataError
+from beatloop.core.schedule.config import make_config, parse_settings
 from beatloop.ignored_settings import changed_settings, warn
-from beatloop.sources.base import DataSource, SourceConfig
-from beatloop.sources.identity import by_role, source_identity
-from beatloop.sources.registry import source_class, source_names
+from beatloop.named_data.identity import by_role, source_identity
+from beatloop.plugins.registry import registry
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -38,7 +38,7 @@ def parse_source(text: str) -> tuple[str, str]:
     """``"folder:images/"`` -> ``("folder", "images/")``."""
     kind, sep, path = text.partition(":")
     if not sep or not kind.strip() or not path.strip():
-        known = ", ".join(source_names())
+        known = ", ".join(registry().source_names())
         raise ConfigError(
             f"--data expects KIND:PATH (e.g. folder:images/ or csv:table.csv), got {text!r}; "
             f"kinds: {known}"
@@ -53,7 +53,7 @@ def make_source(
     (``["image_size=28,28"]`` or ``{"image_size": (28, 28)}``) over the ``recipe``'s
     ``source_defaults`` over the source's own defaults."""
     kind, path = parse_source(text)
-    cls = source_class(kind)
+    cls = registry().source(kind).cls
     owner = f"data source {kind!r}"
     for setting in () if isinstance(settings, Mapping) else settings:
         if not setting.partition("=")[0].strip() or "=" not in setting:
@@ -175,7 +175,7 @@ def describe_source(cls: type[DataSource], shared: bool = True) -> list[str]:
     parameter with its type and default; ``shared=False`` leaves out the paragraph on the
     parameters every built-in source has, for a listing of several kinds that prints it
     once (``shared_parameters``)."""
-    from beatloop.core.config import config_fields, type_name
+    from beatloop.core.schedule.config import config_fields, type_name
 
     lines = [f"{cls.name}: {cls.description()}", f"  --data {cls.name}:PATH"]
     common = inspect.getdoc(SourceConfig)

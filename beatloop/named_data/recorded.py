@@ -17,7 +17,7 @@ from typing import Any
 def recorded_source(run_dir: Path):
     """The ``NamedData`` the run trained on when it was given ``--data`` (``run.json``'s
     ``data_source``), else ``None`` (no run.json, or one that names no data)."""
-    from beatloop.sources.named import NamedData
+    from beatloop.named_data.load import NamedData
 
     try:
         recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
@@ -34,7 +34,7 @@ def recorded_source(run_dir: Path):
 def read_recorded_source(run_dir: Path, source, recipe, seed: int):
     """The batches ``source`` (the run's recorded ``--data``) gives now; a ``DataError``
     saying where it was recorded and what to do when it cannot be read."""
-    from beatloop.core.errors import BeatloopError, DataError
+    from beatloop.core.failures.errors import BeatloopError, DataError
 
     try:
         return source(recipe, seed)
@@ -51,8 +51,8 @@ def recorded_validation(run_dir: Path, source, recipe, stored: Any):
     seed, whose validation data (its ``validation_fraction`` held out, or its
     ``--validation-data``) is what the run validated on each epoch. A ``DataError`` when
     it gives no validation data or other batches than the run trained on."""
-    from beatloop.core.batches import as_data_split
-    from beatloop.core.errors import DataError
+    from beatloop.core.data.batches import as_data_split
+    from beatloop.core.failures.errors import DataError
 
     split = as_data_split(read_recorded_source(run_dir, source, recipe, stored.seed))
     where = f"{Path(run_dir) / 'run.json'} records that the run trained on --data {source.source}"
@@ -88,10 +88,10 @@ def data_facts(run_dir: Path | None, named, recipe, resumed: bool, accept: bool)
     with those recorded: a change is a ``DataError`` naming the files and what changed,
     unless ``accept``, which records it with the time. A run dir recorded before files
     were (no ``data_files``) resumes as before."""
-    from beatloop.core.errors import DataError
-    from beatloop.core.record import read_run_json
-    from beatloop.sources.identity import changes, describe
-    from beatloop.sources.named import NamedData
+    from beatloop.core.failures.errors import DataError
+    from beatloop.core.saving.record import read_run_json
+    from beatloop.named_data.identity import changes, describe
+    from beatloop.named_data.load import NamedData
 
     if run_dir is None or not isinstance(named, NamedData):
         return {}
@@ -122,8 +122,8 @@ def warn_if_changed(run_dir: Path, named, recipe) -> None:
     """One ``DataChangedWarning`` line when the files of the data ``named`` (the run's
     recorded source) differ from those its ``run.json`` records; nothing when it records
     none (a run from before they were recorded)."""
-    from beatloop.core.record import read_run_json
-    from beatloop.sources.identity import DataChangedWarning, changes, describe
+    from beatloop.core.saving.record import read_run_json
+    from beatloop.named_data.identity import DataChangedWarning, changes, describe
 
     recorded = read_run_json(Path(run_dir) / "run.json").get("data_files")
     if not recorded:

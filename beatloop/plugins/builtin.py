@@ -25,23 +25,26 @@ def register_recipes() -> list[type]:
 
 @hookimpl
 def register_callbacks() -> list[type]:
-    from beatloop.plugins.callbacks import (
+    from beatloop.callbacks.standard import (
         CsvLogger,
         EarlyStopping,
         JsonLinesLogger,
         ProgressBar,
         TrainingTimer,
     )
-    from beatloop.plugins.tensorboard import TensorBoard
+    from beatloop.callbacks.tensorboard import TensorBoard
 
     return [ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard, TrainingTimer]
 
 
 @hookimpl
 def register_data_sources() -> list[type]:
-    from beatloop.sources.registry import built_in
+    from beatloop.sources.csv import CsvSource
+    from beatloop.sources.folder import FolderSource
+    from beatloop.sources.npz import NpzSource
+    from beatloop.sources.tfrecord import TfrecordSource
 
-    return list(built_in().values())
+    return [FolderSource, CsvSource, NpzSource, TfrecordSource]
 
 
 @hookimpl

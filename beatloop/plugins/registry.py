@@ -19,21 +19,20 @@ from pathlib import Path
 import attrs
 import pluggy
 
-from beatloop.core.beats import Schedule
-from beatloop.core.callbacks import Callback
-from beatloop.core.errors import (
+from beatloop.core.data import environment_lookup
+from beatloop.core.data.environment import Environment
+from beatloop.core.data.source import DataSource
+from beatloop.core.events.callbacks import Callback
+from beatloop.core.failures.errors import (
     ConfigError,
     RecipeNotFoundError,
     RegistrationError,
     did_you_mean,
 )
-from beatloop.core.phases import Phases, schedules_of
-from beatloop.core.recipe import Recipe
-from beatloop.environments import registry as environment_lookup
-from beatloop.environments.base import Environment
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Schedule
+from beatloop.core.schedule.phases import Phases, schedules_of
 from beatloop.plugins import builtin, hookspecs
-from beatloop.sources import registry as source_lookup
-from beatloop.sources.base import DataSource
 
 BUILTIN = "built-in"
 DISABLE_AUTOLOAD = hookspecs.DISABLE_AUTOLOAD
@@ -397,26 +396,24 @@ def registry() -> Registry:
 
 
 def connect() -> None:
-    """Hand the wings below this module the process-wide registry's lookups: recipes find
-    environments, and ``load_data`` data source kinds, through their wing, which cannot
-    import this module (the built-in plugin imports the recipes, which import the wings).
-    Loads nothing: a source kind's lookup fills the registry when first used."""
+    """Hand the engine the process-wide registry's lookup of environments: recipes make
+    the environment their config names (``beatloop.make_environment``) below this module,
+    which they cannot import (the built-in plugin imports the recipes). Loads nothing."""
     environment_lookup.use_lookup(_environment_class)
-    source_lookup.use_lookup(source_lookup.Lookup(kind=_source_class, names=_source_names))
 
 
-def _environment_class(name: str) -> type | None:
-    """The environment ``name`` of the process-wide registry; ``None`` while it is being
-    built (its recipes' default configs name built-in environments)."""
-    return None if _REGISTRY is None else _REGISTRY.environment(name).cls
-
-
-def _source_class(name: str) -> type[DataSource]:
-    return registry().source(name).cls
-
-
-def _source_names() -> list[str]:
-    return registry().source_names()
+def _environment_class(name: str) -> type:
+    """The environment ``name`` of the process-wide registry; while it is being built
+    (its recipes' default configs name environments), the built-in plugin's."""
+    if _REGISTRY is not None:
+        return _REGISTRY.environment(name).cls
+    built_in = {cls.name: cls for cls in builtin.register_environments()}
+    if name not in built_in:
+        raise ConfigError(
+            f"no environment {name!r}{did_you_mean(name, built_in)} among the built-in ones "
+            f"({', '.join(sorted(built_in))}): the registry is still being built"
+        )
+    return built_in[name]
 
 
 def loaded_registry() -> Registry | None:

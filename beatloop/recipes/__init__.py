@@ -1,20 +1,6 @@
-"""Built-in recipes, one module each, registered through beatloop's own plugin hook.
-
-This package shares its name with the public function ``beatloop.recipes()``: Python
-binds a subpackage to its parent's attribute when it is imported, so the package itself
-is made callable and returns the sorted recipe names, and both spellings keep working.
+"""The built-in recipes, one module each (helpers beside them), written as a plugin's
+would be: they import only beatloop's public surface (``docs/api.md``) and each other.
+The built-in plugin (``beatloop/plugins/builtin.py``) registers them through the
+``register_recipes`` hook. ``beatloop.recipes`` is the public function listing every
+registered recipe: importing this package does not rebind it (``beatloop._Beatloop``).
 """
-
-import sys
-import types
-
-
-class _CallableRecipesPackage(types.ModuleType):
-    def __call__(self) -> list[str]:
-        """Sorted names of every registered recipe (the registry's, plugins included)."""
-        from beatloop.plugins.registry import recipes
-
-        return recipes()
-
-
-sys.modules[__name__].__class__ = _CallableRecipesPackage

@@ -34,15 +34,15 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, Group, Schedule
-from beatloop.core.config import choice, setting
-from beatloop.core.forward import ModelCalls
-from beatloop.core.phases import Phase, Phases
-from beatloop.core.recipe import Recipe
-from beatloop.core.updates import EMA
+from beatloop import datasets as data
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Beat, Group, Schedule
+from beatloop.core.schedule.config import choice, setting
+from beatloop.core.schedule.phases import Phase, Phases
+from beatloop.core.schedule.updates import EMA
 from beatloop.recipes.views import Views, square_side
-from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 _fraction = [attrs.validators.gt(0), attrs.validators.lt(1)]

@@ -22,14 +22,14 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, Schedule
-from beatloop.core.config import choice, setting
-from beatloop.core.data_origin import loop_data
-from beatloop.core.recipe import Recipe
-from beatloop.core.updates import EMA, Act, Copy
-from beatloop.environments.base import Environment
-from beatloop.environments.registry import make_environment
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.data_origin import loop_data
+from beatloop.core.data.environment import Environment
+from beatloop.core.data.environment_lookup import make_environment
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Beat, Schedule
+from beatloop.core.schedule.config import choice, setting
+from beatloop.core.schedule.updates import EMA, Act, Copy
 
 _positive = attrs.validators.gt(0)
 _fraction = [attrs.validators.ge(0), attrs.validators.le(1)]

@@ -15,15 +15,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from beatloop import images, quality
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, Group, Schedule
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.config import choice, setting
-from beatloop.core.forward import ModelCalls
-from beatloop.core.recipe import Recipe
-from beatloop.core.run import Run
-from beatloop.sources import digits as data
+from beatloop import datasets as data
+from beatloop import images
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Beat, Group, Schedule
+from beatloop.core.schedule.config import choice, setting
+from beatloop.recipes import gan_quality as quality
 
 _positive = attrs.validators.gt(0)
 BOTH = ("generator", "discriminator")
@@ -308,7 +309,7 @@ class Gan(Recipe):
         return run.models["generator"](latent, training=False).numpy()
 
     def epoch_figures(self, run: Run) -> dict[str, float]:
-        """Sample quality from the digits classifier (see ``beatloop.quality``), when
+        """Sample quality from the digits classifier (see ``beatloop.recipes.gan_quality``), when
         the samples are 64-pixel digits; nothing for other image data."""
         samples = self.samples(run, self.config.quality_samples)
         if int(np.prod(samples.shape[1:])) != 64:

@@ -11,7 +11,7 @@ perceptual quality: a generator could fool a 64-pixel MLP with odd images.
 
 Training the classifier takes seconds, so its weights are kept: in the run dir (a resumed
 run reads the very weights it started with), in the process, and in beatloop's cache
-directory (``beatloop.cache``) under a name that changes with every version its training
+directory (``beatloop.files``) under a name that changes with every version its training
 depends on, so each new process of the same installation loads them instead.
 """
 
@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from beatloop.cache import cache_dir as beatloop_cache_dir
+from beatloop.files import cache_dir as beatloop_cache_dir
 
 CLASSIFIER_FILE = "digits_classifier.weights.h5"
 _TRAINED_WEIGHTS: list[np.ndarray] | None = None  # trained once per process

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.forward import ModelCalls
-from beatloop.core.run import Run
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
 from beatloop.layers import VariableLayer
 
 WEIGHTINGS = ("fixed", "uncertainty", "dwa")

@@ -20,14 +20,14 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, ClipByGlobalNorm, Schedule
-from beatloop.core.config import setting
-from beatloop.core.data_origin import loop_data
-from beatloop.core.recipe import Recipe
-from beatloop.core.updates import Act
-from beatloop.environments.base import Environment
-from beatloop.environments.registry import make_environment
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.data_origin import loop_data
+from beatloop.core.data.environment import Environment
+from beatloop.core.data.environment_lookup import make_environment
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Beat, ClipByGlobalNorm, Schedule
+from beatloop.core.schedule.config import setting
+from beatloop.core.schedule.updates import Act
 from beatloop.recipes import ppo_rollout as rollout
 
 _positive = attrs.validators.gt(0)

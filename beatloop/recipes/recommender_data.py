@@ -20,9 +20,9 @@ import attrs
 import numpy as np
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import DataError
-from beatloop.sources import digits as data
+from beatloop import datasets as data
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.failures.errors import DataError
 
 FACTORS = 8
 #: Ratings per user held out for validation.

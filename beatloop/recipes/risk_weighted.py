@@ -14,13 +14,13 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, ClipByGlobalNorm, ClipByNorm, Schedule
-from beatloop.core.config import choice, setting
-from beatloop.core.forward import ModelCalls
-from beatloop.core.recipe import Recipe
+from beatloop import datasets as data
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Beat, ClipByGlobalNorm, ClipByNorm, Schedule
+from beatloop.core.schedule.config import choice, setting
 from beatloop.metrics import KSStatistic
-from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from beatloop.core.batches import DataSplit
-from beatloop.sources.digits import batches
+from beatloop.core.data.batches import DataSplit
+from beatloop.datasets import batches
 
 #: A batch's keys: whole tasks, ``(tasks, points, 1)`` each.
 KEYS = ("support_x", "support_y", "query_x", "query_y")

@@ -28,18 +28,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from beatloop import datasets as data
 from beatloop import images
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Beat, ClipValues, Schedule
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.config import choice, setting
-from beatloop.core.errors import ConfigError
-from beatloop.core.forward import ModelCalls
-from beatloop.core.recipe import Recipe
-from beatloop.core.run import Run
-from beatloop.core.supplied import SuppliedModel
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import ConfigError
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.schedule.beats import Beat, ClipValues, Schedule
+from beatloop.core.schedule.config import choice, setting
+from beatloop.core.schedule.supplied import SuppliedModel
 from beatloop.layers import VariableLayer
-from beatloop.sources import digits as data
 
 _positive = attrs.validators.gt(0)
 _non_negative = attrs.validators.ge(0)

@@ -1,13 +1,15 @@
-"""The data sources wing: where ``--data KIND:PATH`` and ``beatloop.load_data`` find
-data. ``base.py`` says what a kind is (``DataSource``, ``SourceConfig``); each built-in
-kind is a module (``folder``, ``npz``, ``csv``, ``tfrecord``), the in-memory ones handing
-their arrays to ``arrays.split_arrays``, the streamed ones sharing ``stream.py``;
-``registry.py`` finds a kind by name, ``named.py`` makes the named data into batches,
-``recorded.py`` and ``identity.py`` read again and fingerprint a run's data, and
-``digits.py`` holds the built-in data sets. To add a kind, subclass
-``beatloop.DataSource`` (a ``name``, an attrs ``Config``, ``load(seed, batch_size)``) and
-return the class from a plugin's ``register_data_sources`` hook (or call
-``beatloop.register_data_source``); a built-in kind is a new module here, listed in
-``registry.built_in``. Nothing is imported with this package: each module is imported
-by name.
+"""The built-in data source kinds (``folder``, ``npz``, ``csv``, ``tfrecord``), written as a
+plugin's would be: they import only beatloop's public surface (``docs/api.md``).
+
+Each kind is a module: a ``beatloop.DataSource`` subclass with a ``name``, an attrs
+``Config`` of its parameters and ``load(seed, batch_size)``; the in-memory ones hand
+their arrays to ``beatloop.datasets.split_arrays``, the streamed ones share
+``stream.py``. The built-in plugin (``beatloop/plugins/builtin.py``) registers them
+through the ``register_data_sources`` hook, as a plugin registers its own. Nothing is
+imported with this package: each module is imported by name. Names this package had
+when it was a module (``load_data``, ``split_arrays``, ...) are answered, deprecated.
 """
+
+from beatloop.moved import moved_names
+
+__getattr__ = moved_names(__name__)

@@ -19,9 +19,9 @@ from pathlib import Path
 import attrs
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import DataError
-from beatloop.sources.base import DataSource
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import DataSource
+from beatloop.core.failures.errors import DataError
 from beatloop.sources.stream import StreamConfig, stream_split
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.

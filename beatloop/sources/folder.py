@@ -14,10 +14,10 @@ from typing import Literal
 import attrs
 import numpy as np
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import DataError
-from beatloop.sources.arrays import split_arrays
-from beatloop.sources.base import DataSource, InferredSettingWarning, SourceConfig
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import DataSource, InferredSettingWarning, SourceConfig
+from beatloop.core.failures.errors import DataError
+from beatloop.datasets import split_arrays
 from beatloop.sources.image_headers import UnreadableImage, agreed_shape, inferred_notice
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")

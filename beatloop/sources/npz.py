@@ -8,10 +8,10 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import DataError
-from beatloop.sources.arrays import split_arrays
-from beatloop.sources.base import DataSource, SourceConfig
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import DataSource, SourceConfig
+from beatloop.core.failures.errors import DataError
+from beatloop.datasets import split_arrays
 
 
 @attrs.frozen

@@ -18,9 +18,9 @@ from collections.abc import Callable
 import attrs
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import DataError
-from beatloop.sources.base import SourceConfig
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import SourceConfig
+from beatloop.core.failures.errors import DataError
 
 #: Records per chunk when the held-out ones are picked out (vectorised, not per record).
 _CHUNK = 4096

@@ -27,9 +27,9 @@ from typing import Literal
 import attrs
 import numpy as np
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.errors import ConfigError, DataError
-from beatloop.sources.base import DataSource
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.source import DataSource
+from beatloop.core.failures.errors import ConfigError, DataError
 from beatloop.sources.example_spec import (
     FeatureSpec,
     SpecError,

@@ -63,8 +63,8 @@ def tune(
     default: the recipe's quality figure) in ``trials`` runs of ``epochs``, ``jobs`` at
     once, each in its own process and run dir under ``out``. A study already in the
     storage continues: a trial a killed command left resumes from its checkpoint."""
-    from beatloop.core.config import parse_settings
-    from beatloop.core.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError
+    from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe
     from beatloop.tuning.report import write_best_toml, write_plots
     from beatloop.tuning.space import parse_space

@@ -10,8 +10,8 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.config import config_fields, make_config, parse_settings, type_name
-from beatloop.core.errors import ConfigError, did_you_mean
+from beatloop.core.failures.errors import ConfigError, did_you_mean
+from beatloop.core.schedule.config import config_fields, make_config, parse_settings, type_name
 
 #: The kinds of a dimension, as written before the first colon.
 KINDS = ("log", "float", "int", "choice")

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.errors import ConfigError
+from beatloop.core.failures.errors import ConfigError
 
 #: ``--pruner`` values: Optuna's median and Hyperband pruners, or none.
 PRUNERS = ("median", "hyperband", "none")

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from beatloop.core.errors import ConfigError
+from beatloop.core.failures.errors import ConfigError
 from beatloop.tuning.spec import StudySpec, spec_to_json
 
 #: A trial's user attributes: the machine and the command that started it last.
@@ -114,8 +114,8 @@ def orphaned(study, spec: StudySpec) -> list[int]:
     no process holds: a killed study's, to be resumed."""
     from optuna.trial import TrialState
 
-    from beatloop.core.errors import RunDirError
-    from beatloop.core.run_lock import RunDirLock
+    from beatloop.core.failures.errors import RunDirError
+    from beatloop.core.saving.run_lock import RunDirLock
 
     found = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -12,8 +12,8 @@ import signal
 import sys
 from typing import Any
 
-from beatloop.core.callbacks import Callback
-from beatloop.core.errors import BeatloopError, ConfigError, RunDirError, RunInterrupted
+from beatloop.core.events.callbacks import Callback
+from beatloop.core.failures.errors import BeatloopError, ConfigError, RunDirError, RunInterrupted
 from beatloop.tuning.spec import Objective, StudySpec, spec_from_json
 
 
@@ -45,7 +45,7 @@ class TrialReporter(Callback):
 
 def trial_config(spec: StudySpec, params: dict[str, Any]) -> dict[str, Any]:
     """The config overrides of the trial at ``params``: the fixed ones and its point."""
-    from beatloop.core.config import parse_settings
+    from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe
     from beatloop.tuning.space import parse_space
 
@@ -115,7 +115,7 @@ def _data(spec: StudySpec):
     """``data=`` for ``fit``: the study's ``--data`` source, or the recipe's own data."""
     if spec.data is None:
         return None
-    from beatloop.sources.named import load_data
+    from beatloop.named_data.load import load_data
 
     def data(recipe, seed):
         return load_data(

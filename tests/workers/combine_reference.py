@@ -26,7 +26,7 @@ import tensorflow as tf
 from helpers import TwoModels, all_weights, dict_batches
 
 import beatloop
-from beatloop.sources.digits import digits_arrays
+from beatloop.datasets import digits_arrays
 
 #: Three tasks on the shared backbone: the digit, its ink (regression) and its parity.
 PCGRAD = {

@@ -55,7 +55,7 @@ def largest_difference(first: dict, second: dict) -> float:
 
 def default_digits(config: dict):
     """The contrastive recipe's default data (``default_data``), unshuffled."""
-    from beatloop.sources.digits import batches, digits_arrays
+    from beatloop.datasets import batches, digits_arrays
 
     recipe = beatloop.make_recipe("contrastive", config).config
     train, validation = digits_arrays(3, recipe.validation_fraction)

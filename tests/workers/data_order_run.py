@@ -13,7 +13,7 @@ recipe on its built-in shuffled digits, both ways, and the largest weight differ
 
 ``worker``: one worker of a MultiWorkerMirroredStrategy (TF_CONFIG from the
 environment): for each source, the ids this worker's replica is given at each step of
-each pass as the engine distributes the data (``core/stream.py``'s ``_distributed``),
+each pass as the engine distributes the data (``core/feeding/stream.py``'s ``_distributed``),
 the warnings the engine would give at the start of a run on it, and the global batches
 one device takes of the same source (built again, after the same seeding); then the
 ``supervised`` recipe on its built-in digits (shuffled), and on the chief the largest
@@ -37,10 +37,10 @@ import tensorflow as tf
 from helpers import all_weights
 
 import beatloop
-from beatloop.core.sharding import as_one_device, warn_if_not_one_device
-from beatloop.core.stream import _distributed
-from beatloop.sources import digits as data
-from beatloop.sources.named import make_source
+from beatloop import datasets as data
+from beatloop.core.feeding.sharding import as_one_device, warn_if_not_one_device
+from beatloop.core.feeding.stream import _distributed
+from beatloop.named_data.load import make_source
 
 
 def ids_of(batch) -> tf.Tensor:

@@ -33,7 +33,7 @@ def digits_data(recipe: str):
     """Unshuffled batches of 32 (256 training digits; 64 validation for supervised)."""
     if recipe.startswith("gan"):
         return gan_data(256)
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.datasets import digits_arrays
 
     train, validation = digits_arrays(0)
     return dict_batches(train, 32, 256), dict_batches(validation, 32, 64)

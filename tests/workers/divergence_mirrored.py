@@ -23,7 +23,7 @@ import tensorflow as tf
 from helpers import dict_batches
 
 import beatloop
-from beatloop.sources.digits import digits_arrays
+from beatloop.datasets import digits_arrays
 
 
 def data():

@@ -139,7 +139,7 @@ def noisy(every: int = 1):
     import keras
 
     import beatloop
-    from beatloop.sources.digits import digits
+    from beatloop.datasets import digits
 
     def cross_entropy(models, x, y):
         logits = models["model"](x)

@@ -31,7 +31,7 @@ import tensorflow as tf
 from helpers import all_weights, dict_batches, find_block
 
 import beatloop
-from beatloop.core.collectives import Gathering, all_gather
+from beatloop.core.devices.collectives import Gathering, all_gather
 
 
 class ReplicaOnly:
@@ -119,7 +119,7 @@ STEPS = (1, 4, "auto")
 
 
 def data(case: str):
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.datasets import digits_arrays
 
     size, rows, validation_rows, tuples = CASES[case]
     train, validation = digits_arrays(0)
@@ -151,7 +151,7 @@ def largest_difference(first: dict, second: dict) -> float:
 def evaluation_data():
     """31 validation digits in batches of 15: shares 8 + 7 (more rows than validation's
     largest share, 5), and 1 + 0."""
-    from beatloop.sources.digits import digits_arrays
+    from beatloop.datasets import digits_arrays
 
     return dict_batches(digits_arrays(0)[1], 15, 31)
 

@@ -19,7 +19,7 @@ import numpy as np
 from helpers import all_weights
 
 import beatloop
-from beatloop.sources.named import NamedData
+from beatloop.named_data.load import NamedData
 
 
 class FileSizeLimitAt(beatloop.Callback):

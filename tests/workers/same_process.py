@@ -22,7 +22,7 @@ import tensorflow as tf
 from helpers import all_weights, dict_batches, gan_data
 
 import beatloop
-from beatloop.sources.digits import digits_arrays
+from beatloop.datasets import digits_arrays
 
 
 class Ensemble(beatloop.Recipe):

@@ -2,7 +2,7 @@
 SPEC_JSON`` (TF_CONFIG from the environment). For each source in the spec (``name``,
 ``data``: ``KIND:PATH``, ``settings``: ``--data-set`` texts) it loads the source's
 training data as a run would, distributes it as the engine does
-(``beatloop.core.stream._distributed``: tf.distribute's auto-shard), and records the
+(``beatloop.core.feeding.stream._distributed``: tf.distribute's auto-shard), and records the
 example ids (batch key ``id``) this worker's replica is given, pass by pass; it writes
 ``{name: [[ids of pass 1], [ids of pass 2], ...]}`` to ``out`` (JSON).
 
@@ -22,8 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from beatloop.core.stream import _distributed
-from beatloop.sources.named import make_source
+from beatloop.core.feeding.stream import _distributed
+from beatloop.named_data.load import make_source
 
 
 def hand_built_tfrecords(pattern: str, seed: int, batch_size: int) -> tf.data.Dataset:

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from beatloop.core.errors import ScheduleError
-from beatloop.core.transforms import BUILT_IN, SIGNATURE, described, shown
-from beatloop.core.user_code import call_user
+from beatloop.core.compiled.user_code import call_user
+from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.schedule.transforms import BUILT_IN, SIGNATURE, described, shown
 
 
 def loss_scale(optimizer) -> tf.Variable | None:

@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core.applying import combine_problems
-from beatloop.core.beats import Beat, Group, Schedule
-from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule
-from beatloop.core.errors import ScheduleError, did_you_mean
-from beatloop.core.gradient_probe import GradientProbe
-from beatloop.core.randomness import new_operations
-from beatloop.core.update_binding import bind_updates, in_step_order, written_by
-from beatloop.core.writes import write_problems
+from beatloop.core.compiled.applying import combine_problems
+from beatloop.core.compiled.bound import BoundBeat, BoundGroup, BoundSchedule
+from beatloop.core.compiled.gradient_probe import GradientProbe
+from beatloop.core.compiled.randomness import new_operations
+from beatloop.core.compiled.update_binding import bind_updates, in_step_order, written_by
+from beatloop.core.compiled.writes import write_problems
+from beatloop.core.failures.errors import ScheduleError, did_you_mean
+from beatloop.core.schedule.beats import Beat, Group, Schedule
 
 __all__ = [
     "BoundBeat",
@@ -90,7 +90,7 @@ def bind(
 
     With ``batch_spec`` given, every beat's loss is traced once on a batch of that spec
     to find claimed variables its loss gives no gradient to, and every ``Update``'s and
-    ``Act``'s function once to find what it assigns (``beatloop.core.writes``). ``random``
+    ``Act``'s function once to find what it assigns (``beatloop.core.compiled.writes``). ``random``
     is the generator losses draw noise from (a fresh one seeded with 0 if omitted). With
     a ``strategy`` the probe is traced on its replicas, where distributed variables have
     gradients. ``forwards`` are the forward functions the schedule's groups name.

@@ -17,11 +17,11 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.beats import Beat, Group, Schedule
-from beatloop.core.forward import ModelCalls, forward, loss_of_outputs, shared_forward
-from beatloop.core.replicas import declared, entry_weight
-from beatloop.core.updates import EMA, Act, Copy, NonGradient
-from beatloop.core.user_code import call_user
+from beatloop.core.compiled.forward import ModelCalls, forward, loss_of_outputs, shared_forward
+from beatloop.core.compiled.user_code import call_user
+from beatloop.core.devices.replicas import declared, entry_weight
+from beatloop.core.schedule.beats import Beat, Group, Schedule
+from beatloop.core.schedule.updates import EMA, Act, Copy, NonGradient
 
 
 @attrs.frozen

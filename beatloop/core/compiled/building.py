@@ -15,13 +15,18 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import batch_shapes
-from beatloop.core.beats import Beat, Group
-from beatloop.core.errors import BeatloopError, DataError, InputMismatchError, UserCodeError
-from beatloop.core.forward import forward, shared_forward
-from beatloop.core.op_errors import failure_message
-from beatloop.core.phases import schedules_of
-from beatloop.core.user_code import recipe_functions
+from beatloop.core.compiled.forward import forward, shared_forward
+from beatloop.core.compiled.op_errors import failure_message
+from beatloop.core.compiled.user_code import recipe_functions
+from beatloop.core.data.batches import batch_shapes
+from beatloop.core.failures.errors import (
+    BeatloopError,
+    DataError,
+    InputMismatchError,
+    UserCodeError,
+)
+from beatloop.core.schedule.beats import Beat, Group
+from beatloop.core.schedule.phases import schedules_of
 
 
 def build_unbuilt(

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator, Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core import collectives
-from beatloop.core.errors import BeatloopError, InputMismatchError, MismatchFound
-from beatloop.core.replicas import OwnBatch, ReplicaRandom
-from beatloop.core.user_code import call_user
+from beatloop.core.compiled.user_code import call_user
+from beatloop.core.devices import collectives
+from beatloop.core.devices.replicas import OwnBatch, ReplicaRandom
+from beatloop.core.failures.errors import BeatloopError, InputMismatchError, MismatchFound
 
 
 class ModelCalls(Mapping[str, Callable]):

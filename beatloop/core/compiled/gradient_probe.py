@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import attrs
 import tensorflow as tf
 
-from beatloop.core.bound import BoundBeat, BoundGroup
-from beatloop.core.errors import ScheduleError
-from beatloop.core.phases import Phases
-from beatloop.core.randomness import global_random_ops, warn_global_random
+from beatloop.core.compiled.bound import BoundBeat, BoundGroup
+from beatloop.core.compiled.randomness import global_random_ops, warn_global_random
+from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.schedule.phases import Phases
 
 
 @attrs.define

@@ -15,9 +15,11 @@ from typing import Any
 import attrs
 import tensorflow as tf
 
-from beatloop.core.counters import Counters
-from beatloop.core.numerics import COLUMNS, DivergenceGuard, all_finite, no_checks
-from beatloop.core.options import MAX_STEPS_PER_EXECUTION
+from beatloop.core.compiled.counters import Counters
+from beatloop.core.compiled.numerics import COLUMNS, DivergenceGuard, all_finite, no_checks
+
+#: K's bound: the fault flag of a call's status (``CallResult``) rides above it.
+MAX_STEPS_PER_EXECUTION = 1 << 20
 
 Step = Callable[[Mapping[str, tf.Tensor], tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
@@ -26,7 +28,7 @@ Step = Callable[[Mapping[str, tf.Tensor], tf.Tensor], tuple[tf.Tensor, tf.Tensor
 class CallResult:
     """What one compiled call did: ``ran`` steps (fewer than asked means the data ended
     or a step faulted); for a faulted step, its ``checks`` (see
-    ``beatloop.core.numerics``).
+    ``beatloop.core.compiled.numerics``).
 
     In compiled code the call returns one integer, ``status``: the steps it ran,
     plus a fault flag above every possible count; ``read`` decodes it.

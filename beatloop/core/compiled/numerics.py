@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from beatloop.core.errors import NumericsError
+from beatloop.core.failures.errors import NumericsError
 
 #: The checks' columns: loss and gradient squares (the divergence guard adds one).
 COLUMNS = 2

@@ -18,20 +18,20 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from beatloop.core.batches import batch_shapes
-from beatloop.core.collectives import collective_error
-from beatloop.core.errors import (
+from beatloop.core.compiled.user_code import assertion_summary, called_as, own_frame
+from beatloop.core.data.batches import batch_shapes
+from beatloop.core.devices.collectives import collective_error
+from beatloop.core.devices.workers import peer_failure
+from beatloop.core.failures.errors import (
     BeatloopError,
     DataError,
     InputMismatchError,
     LabelRangeError,
     UserCodeError,
 )
-from beatloop.core.user_code import assertion_summary, called_as, own_frame
-from beatloop.core.workers import peer_failure
 
 #: A recipe's label keys: batch key -> (the config field giving its number of classes,
-#: that field's value). See ``beatloop.core.recipe.Recipe.label_classes``.
+#: that field's value). See ``beatloop.core.running.recipe.Recipe.label_classes``.
 LabelClasses = Mapping[str, tuple[str, object]]
 
 # TensorFlow's words for a label out of range: the kernel's own, and (with op
@@ -76,7 +76,7 @@ def data_errors(
         raise error.completed(recipe=label, data_set=role) from None
     except tf.errors.OpError as error:
         if peer_failure(error) is not None:
-            raise  # another worker went away: the engine says so (core/workers.py)
+            raise  # another worker went away: the engine says so (core/devices/workers.py)
         failed = assertion_error(error, label)
         if failed is not None:
             raise failed from failed.original

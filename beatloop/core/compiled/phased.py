@@ -1,5 +1,5 @@
 """A run in phases: every phase's schedule bound, and the run's parts for the phase an
-epoch falls in (``beatloop.core.phases`` holds the values).
+epoch falls in (``beatloop.core.schedule.phases`` holds the values).
 
 All phases are bound before the first step, each by its own rules (a variable frozen in
 one phase may be trained in the next), and every phase's problems are reported in one
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from beatloop.core.binding import BoundSchedule, bind, build_optimizers
-from beatloop.core.errors import ConfigError, ScheduleError
-from beatloop.core.phases import Phases
+from beatloop.core.compiled.binding import BoundSchedule, bind, build_optimizers
+from beatloop.core.failures.errors import ConfigError, ScheduleError
+from beatloop.core.schedule.phases import Phases
 
 
 def bind_phases(

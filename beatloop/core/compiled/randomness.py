@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import tensorflow as tf
 
-from beatloop.core.errors import ResumeWarning
+from beatloop.core.failures.errors import ResumeWarning
 
 #: Op types of TensorFlow's stateful random ops seeded from the global seed (as
 #: ``tf.random.normal``, ``uniform``, ``truncated_normal``, ``categorical``, ``shuffle``,

@@ -1,11 +1,11 @@
 """One training step and one validation step on one batch (Keras's ``one_step_on_data``).
 
 A step is a plain callable of ``(batch, step number)`` that returns its checks (see
-``beatloop.core.numerics``) and the number of examples in the batch; it touches no
+``beatloop.core.compiled.numerics``) and the number of examples in the batch; it touches no
 counter. ``CompiledLoop`` runs K of them per compiled call.
 The pieces are small on purpose: an entry's gradients (one beat's, or a group's from
 one forward) here, their transform or combination and their update in
-``beatloop.core.applying``.
+``beatloop.core.compiled.applying``.
 """
 
 from __future__ import annotations
@@ -14,22 +14,29 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from beatloop.core.applying import apply_combined, apply_update, loss_scale
-from beatloop.core.batches import leading_dimension
-from beatloop.core.bound import BoundBeat, BoundGroup, BoundSchedule, BoundUpdate, on_rows, weighted
-from beatloop.core.collectives import Gathering, all_gather, even_sparse
-from beatloop.core.errors import ScheduleError
-from beatloop.core.gradient_probe import GradientProbe
-from beatloop.core.metrics import StepMetrics
-from beatloop.core.numerics import (
+from beatloop.core.compiled.applying import apply_combined, apply_update, loss_scale
+from beatloop.core.compiled.bound import (
+    BoundBeat,
+    BoundGroup,
+    BoundSchedule,
+    BoundUpdate,
+    on_rows,
+    weighted,
+)
+from beatloop.core.compiled.gradient_probe import GradientProbe
+from beatloop.core.compiled.metrics import StepMetrics
+from beatloop.core.compiled.numerics import (
     DivergenceGuard,
     beat_checks,
     check_finite,
     gradient_squares,
     no_checks,
 )
-from beatloop.core.randomness import new_operations
-from beatloop.core.replicas import (
+from beatloop.core.compiled.randomness import new_operations
+from beatloop.core.compiled.user_code import call_user
+from beatloop.core.data.batches import leading_dimension
+from beatloop.core.devices.collectives import Gathering, all_gather, even_sparse
+from beatloop.core.devices.replicas import (
     declared,
     entry_weight,
     figure_size,
@@ -37,7 +44,7 @@ from beatloop.core.replicas import (
     once_per_step,
     replica_view,
 )
-from beatloop.core.user_code import call_user
+from beatloop.core.failures.errors import ScheduleError
 
 Batch = Mapping[str, tf.Tensor]
 
@@ -46,7 +53,7 @@ class TrainStep:
     """Every entry of a bound schedule in order on one batch (a lone beat, a group of
     beats updated simultaneously, an update or an act), then the metrics.
 
-    With a ``strategy`` the beats run on every replica (see ``beatloop.core.replicas``)
+    With a ``strategy`` the beats run on every replica (see ``beatloop.core.devices.replicas``)
     and their checks and batch sizes are summed over replicas. ``debug`` (eager mode)
     stops before a non-finite update is applied. With a ``divergence`` guard, each
     replica's loss enters the checks weighted by its share of the global batch, so their
@@ -55,13 +62,13 @@ class TrainStep:
     A replica's batch is its share of the global batch, of static shape ``(None, ...)``:
     a loss reads its size with ``tf.shape``, and sees the global batch through
     ``models.all_gather`` (docs/schedules.md, "Losses under a strategy"), padded as
-    ``gathering`` says (``beatloop.core.collectives.Gathering``). An entry
+    ``gathering`` says (``beatloop.core.devices.collectives.Gathering``). An entry
     whose losses declare a batch of their own (``models.own_batch``) is weighted by the
     replica's share of that batch instead. An act runs once per step for all replicas,
     in cross-replica context, on the global batch (``replicas.once_per_step``): acting
     and recipe state are one agent's whatever the replica count. With a ``probe``, the
     trace records the gradients a beat's loss does not give and the global random ops
-    it draws from (``beatloop.core.gradient_probe``), instead of refusing the first.
+    it draws from (``beatloop.core.compiled.gradient_probe``), instead of refusing the first.
     """
 
     def __init__(

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 
 import keras
 
-from beatloop.core.bound import BoundGroup, BoundUpdate
-from beatloop.core.updates import EMA, Copy, NonGradient
+from beatloop.core.compiled.bound import BoundGroup, BoundUpdate
+from beatloop.core.schedule.updates import EMA, Copy, NonGradient
 
 #: Resolves one selector to trainable variables, noting problems (``binding.select``).
 Select = Callable[[str, Mapping[str, keras.Layer], list, str], list]

@@ -24,8 +24,8 @@ from tensorflow.python.autograph.core import ag_ctx as autograph_ctx
 from tensorflow.python.autograph.core import converter as autograph_converter
 from tensorflow.python.autograph.impl import api as autograph_api
 
-from beatloop.core.batches import batch_shapes
-from beatloop.core.errors import BeatloopError, MismatchFound, UserCodeError
+from beatloop.core.data.batches import batch_shapes
+from beatloop.core.failures.errors import BeatloopError, MismatchFound, UserCodeError
 
 #: Packages whose frames are never the recipe's own (besides beatloop's machinery and
 #: the standard library).

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core.bound import BoundUpdate
-from beatloop.core.updates import Act, Update
+from beatloop.core.compiled.bound import BoundUpdate
+from beatloop.core.schedule.updates import Act, Update
 
 #: Op types that write a resource variable: assignments, scatters and optimizer applies.
 WRITING_OPS = (

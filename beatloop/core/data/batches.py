@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import attrs
 import tensorflow as tf
 
-from beatloop.core.errors import DataError
+from beatloop.core.failures.errors import DataError
 
 TUPLE_KEYS = ("x", "y", "sample_weight")
 

@@ -12,8 +12,8 @@ import attrs
 import tensorflow as tf
 from tensorflow.python.data.ops import structured_function
 
-from beatloop.core.batches import DataSplit, pipeline
-from beatloop.core.errors import ConfigError, ResumeWarning
+from beatloop.core.data.batches import DataSplit, pipeline
+from beatloop.core.failures.errors import ConfigError, ResumeWarning
 
 #: The batch key of loop data: each batch is ``{"tick": [0]}``, one example.
 TICK = "tick"

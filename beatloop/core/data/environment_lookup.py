@@ -2,21 +2,21 @@
 with its parameters given as ``NAME=VALUE`` text (the ``dqn`` recipe's ``env`` and
 ``env_settings``).
 
-The plugins' registry sits above this wing and is not imported here: its built-in
-plugin registers the ``dqn`` recipe, whose module imports this one. Instead the
-registry's module hands this one its lookup (``use_lookup``) when it is imported; until
-the registry is filled, the built-in environments are what a name can find.
+The plugins' registry sits above the engine and the built-ins (its built-in plugin
+registers the ``dqn`` recipe, which makes its environment here), so this module never
+imports it: the registry's module hands this one its lookup (``use_lookup``) when it is
+imported, as ``beatloop.make_environment``, ``beatloop.fit`` and the command line do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from beatloop.core.config import make_config, parse_settings
-from beatloop.core.errors import ConfigError, did_you_mean
-from beatloop.environments.base import Environment
+from beatloop.core.data.environment import Environment
+from beatloop.core.failures.errors import ConfigError
+from beatloop.core.schedule.config import make_config, parse_settings
 
-#: A name's class, or ``None`` when the lookup has no registry to ask (yet).
+#: A name's class (a ConfigError naming the known ones when there is none).
 Lookup = Callable[[str], type[Environment] | None]
 
 _lookup: Lookup | None = None
@@ -24,7 +24,7 @@ _lookup: Lookup | None = None
 
 def use_lookup(lookup: Lookup | None) -> None:
     """Find environments by ``lookup`` (the registry's, plugins' included) from now on;
-    ``None``: the built-in ones only again."""
+    ``None``: none until a registry hands its lookup again."""
     global _lookup
     _lookup = lookup
 
@@ -33,18 +33,13 @@ def environment_class(name: str) -> type[Environment]:
     """The environment class registered as ``name``; a ConfigError naming the known
     ones (and the closest) when there is none."""
     found = _lookup(name) if _lookup is not None else None
-    if found is not None:
-        return found
-    from beatloop.environments.kinds import BUILT_IN
-
-    built_in = {cls.name: cls for cls in BUILT_IN}
-    if name in built_in:
-        return built_in[name]
-    raise ConfigError(
-        f"no environment {name!r}{did_you_mean(name, built_in)}; known environments: "
-        f"{', '.join(sorted(built_in))} (those plugins add are found once beatloop's "
-        "registry is loaded, as beatloop.fit('dqn', ...) and the command line do)"
-    )
+    if found is None:
+        raise ConfigError(
+            f"no environment {name!r} is known yet: environments are found through "
+            "beatloop's registry, which beatloop.make_environment, beatloop.fit and the "
+            "command line load"
+        )
+    return found
 
 
 def make_environment(name: str, settings: Sequence[str] = ()) -> Environment:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 if TYPE_CHECKING:  # the annotation only: the warning below is importable without TensorFlow
-    from beatloop.core.batches import DataSplit
+    from beatloop.core.data.batches import DataSplit
 
 
 def _fraction(instance, attribute, value) -> None:

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 import attrs
 import tensorflow as tf
 
-from beatloop.core.batches import batched_source, leading_dimension
-from beatloop.core.errors import BeatloopError, ConfigError
-from beatloop.core.replicas import batch_share
+from beatloop.core.data.batches import batched_source, leading_dimension
+from beatloop.core.devices.replicas import batch_share
+from beatloop.core.failures.errors import BeatloopError, ConfigError
 
 
 class CollectiveError(BeatloopError, RuntimeError):

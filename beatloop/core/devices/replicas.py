@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import tensorflow as tf
 
-from beatloop.core.errors import BeatloopError
+from beatloop.core.failures.errors import BeatloopError
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core.errors import ConfigError, ScheduleError
+from beatloop.core.failures.errors import ConfigError, ScheduleError
 
 
 def check_made_in_scope(

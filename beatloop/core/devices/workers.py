@@ -23,8 +23,8 @@ from pathlib import Path
 import attrs
 import tensorflow as tf
 
-from beatloop.core.checkpoint_files import number_of
-from beatloop.core.errors import BeatloopError, CheckpointError
+from beatloop.core.failures.errors import BeatloopError, CheckpointError
+from beatloop.core.saving.checkpoint_files import number_of
 
 
 class WorkerLostError(BeatloopError, RuntimeError):

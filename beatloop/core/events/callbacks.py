@@ -30,15 +30,16 @@ from typing import ClassVar
 
 import attrs
 
-from beatloop.core.errors import (
+from beatloop.core.compiled.user_code import user_frame
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import (
     BeatloopError,
     CallbackError,
     MismatchFound,
     UserCodeError,
     did_you_mean,
 )
-from beatloop.core.run import Run
-from beatloop.core.user_code import user_frame
+from beatloop.moved import current_path
 
 EVENTS = (
     "fit_start",
@@ -263,10 +264,19 @@ class CallbackList:
         return {key: state for key, state in states.items() if state is not None}
 
     def restore_state(self, states: Mapping[str, dict]) -> None:
-        """Hand each callback its saved state; callbacks new to this run start afresh."""
+        """Hand each callback its saved state; callbacks new to this run start afresh. A
+        state saved under the path of a module that has moved since (``beatloop.moved``)
+        is its class's under the class's path now."""
+        states = {_current_key(key): state for key, state in states.items()}
         for key, callback in self._keyed().items():
             if key in states:
                 callback.restore_state(states[key])
+
+
+def _current_key(key: str) -> str:
+    """A saved ``path#rank`` key with the class path read as it is now."""
+    path, _, rank = key.rpartition("#")
+    return f"{current_path(path) or path}#{rank}"
 
 
 def reported(error: Exception, callback: Callback, event: str) -> Exception:

@@ -46,10 +46,10 @@ from typing import Any
 
 import keras
 
-from beatloop.core.binding import BoundSchedule
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.errors import CallbackError, ResumeWarning, did_you_mean
-from beatloop.core.run import Run
+from beatloop.core.compiled.binding import BoundSchedule
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import CallbackError, ResumeWarning, did_you_mean
 
 
 class ModelView:

@@ -13,11 +13,11 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.errors import RunawayLossWarning
-from beatloop.core.metrics import LAST
-from beatloop.core.numerics import runaway_words
-from beatloop.core.run import Run
+from beatloop.core.compiled.metrics import LAST
+from beatloop.core.compiled.numerics import runaway_words
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import RunawayLossWarning
 
 
 class LossWatch(Callback):

@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.binding import BoundSchedule
-from beatloop.core.counters import Counters
-from beatloop.core.workers import Worker
+from beatloop.core.compiled.binding import BoundSchedule
+from beatloop.core.compiled.counters import Counters
+from beatloop.core.devices.workers import Worker
 
 
 @attrs.define(eq=False)
@@ -27,7 +27,7 @@ class Run:
     counters: Counters
     run_dir: Path | None
     epochs: int
-    #: How many steps each compiled call runs (``beatloop.core.pacing``).
+    #: How many steps each compiled call runs (``beatloop.core.running.pacing``).
     pace: Any
     steps_per_epoch: int | None
     seed: int

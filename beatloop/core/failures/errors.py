@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from beatloop.core.similar import closest_name
+from beatloop.core.failures.similar import closest_name
 
 #: The command line's exit codes, by what ended the run (``beatloop --help`` lists them).
 EXIT_CODES = {

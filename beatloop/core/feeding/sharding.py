@@ -20,9 +20,9 @@ import warnings
 import tensorflow as tf
 from tensorflow.python.data.ops import shuffle_op
 
-from beatloop.core.batches import pipeline
-from beatloop.core.errors import ReproducibilityWarning
-from beatloop.core.workers import worker_of
+from beatloop.core.data.batches import pipeline
+from beatloop.core.devices.workers import worker_of
+from beatloop.core.failures.errors import ReproducibilityWarning
 
 _POLICY = tf.data.experimental.AutoShardPolicy
 

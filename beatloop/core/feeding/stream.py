@@ -16,7 +16,7 @@ asking for no more than the pass has left: the repetitions give the same batches
 the same order as one iterator a pass. Other iterators the stream is done with go to
 ``IteratorReleaser``, which destroys them on a thread of its own; so does the kept one
 when the stream is freed, and a call that raises leaves no iterator in its error's
-traceback (``beatloop.core.letting_go``).
+traceback (``beatloop.core.feeding.letting_go``).
 """
 
 from __future__ import annotations
@@ -25,15 +25,20 @@ import weakref
 
 import tensorflow as tf
 
-from beatloop.core import grappler_lines
-from beatloop.core.batches import DataSplit
-from beatloop.core.counters import Counters
-from beatloop.core.data_origin import refuse_endless_loop_data
-from beatloop.core.errors import DataError
-from beatloop.core.letting_go import APART, IteratorReleaser, forget_library_locals, release_apart
-from beatloop.core.loop import CallResult, CompiledLoop
-from beatloop.core.replicas import splits_batches
-from beatloop.core.sharding import as_one_device, warn_if_not_one_device
+from beatloop.core.compiled.counters import Counters
+from beatloop.core.compiled.loop import CallResult, CompiledLoop
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.data_origin import refuse_endless_loop_data
+from beatloop.core.devices.replicas import splits_batches
+from beatloop.core.failures.errors import DataError
+from beatloop.core.feeding import grappler_lines
+from beatloop.core.feeding.letting_go import (
+    APART,
+    IteratorReleaser,
+    forget_library_locals,
+    release_apart,
+)
+from beatloop.core.feeding.sharding import as_one_device, warn_if_not_one_device
 
 
 class DataStream:
@@ -41,7 +46,7 @@ class DataStream:
 
     With a ``strategy`` of several replicas both data sets are distributed: each global
     batch is cut into one part per replica (across workers, each takes its parts of the
-    global batches one device would take: ``beatloop.core.sharding``; where the training
+    global batches one device would take: ``beatloop.core.feeding.sharding``; where the training
     data cannot, one ``ReproducibilityWarning`` says why, naming the run by ``label``). A
     one-replica strategy's data are read as without a strategy
     (``replicas.splits_batches``).
@@ -178,7 +183,7 @@ def _pass_length(dataset: tf.data.Dataset, strategy) -> int | None:
 def _distributed(strategy, dataset):
     """A data set split across the strategy's replicas: each global batch is cut into
     one part per replica (as it is for one replica: nothing to cut); across workers,
-    sharded by data unless it chose otherwise (``beatloop.core.sharding.as_one_device``)."""
+    sharded by data unless it chose otherwise (``beatloop.core.feeding.sharding.as_one_device``)."""
     if not splits_batches(strategy) or dataset is None:
         return dataset
     return strategy.experimental_distribute_dataset(as_one_device(strategy, dataset))

@@ -12,33 +12,33 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit, check_split
-from beatloop.core.binding import BoundSchedule
-from beatloop.core.building import build_unbuilt
-from beatloop.core.callbacks import Callback
-from beatloop.core.collectives import Gathering
-from beatloop.core.counters import Counters
-from beatloop.core.errors import (
+from beatloop.core.compiled.binding import BoundSchedule
+from beatloop.core.compiled.building import build_unbuilt
+from beatloop.core.compiled.counters import Counters
+from beatloop.core.compiled.gradient_probe import raise_found, run_probes
+from beatloop.core.compiled.loop import CompiledLoop
+from beatloop.core.compiled.metrics import StepMetrics
+from beatloop.core.compiled.numerics import DivergenceGuard
+from beatloop.core.compiled.op_errors import data_errors, schedule_errors
+from beatloop.core.compiled.phased import PhasedRun, bind_schedule, in_phase, phase_parts
+from beatloop.core.compiled.step import TrainStep, ValidationStep
+from beatloop.core.compiled.user_code import as_written, in_recipe, recipe_functions
+from beatloop.core.data.batches import DataSplit, check_split
+from beatloop.core.devices.collectives import Gathering
+from beatloop.core.devices.replicas import splits_batches
+from beatloop.core.devices.strategy_scope import check_every, check_made_in_scope
+from beatloop.core.events.callbacks import Callback
+from beatloop.core.events.loss_watch import loss_watches
+from beatloop.core.failures.errors import (
     ConfigError,
     did_you_mean,
 )
-from beatloop.core.gradient_probe import raise_found, run_probes
-from beatloop.core.loop import CompiledLoop
-from beatloop.core.loss_watch import loss_watches
-from beatloop.core.metrics import StepMetrics
-from beatloop.core.naming import RunNames, warn_history_named
-from beatloop.core.numerics import DivergenceGuard
-from beatloop.core.op_errors import data_errors, schedule_errors
-from beatloop.core.options import EngineOptions
-from beatloop.core.phased import PhasedRun, bind_schedule, in_phase, phase_parts
-from beatloop.core.recipe import Recipe, defines, recipe_callbacks
-from beatloop.core.recipe_state import built_state
-from beatloop.core.record import RunRecord
-from beatloop.core.replicas import splits_batches
-from beatloop.core.step import TrainStep, ValidationStep
-from beatloop.core.strategy_scope import check_every, check_made_in_scope
-from beatloop.core.supplied import loaded, missing_models
-from beatloop.core.user_code import as_written, in_recipe, recipe_functions
+from beatloop.core.running.naming import RunNames, warn_history_named
+from beatloop.core.running.options import EngineOptions
+from beatloop.core.running.recipe import Recipe, defines, recipe_callbacks
+from beatloop.core.saving.record import RunRecord
+from beatloop.core.schedule.recipe_state import built_state
+from beatloop.core.schedule.supplied import loaded, missing_models
 
 
 @attrs.frozen
@@ -59,15 +59,15 @@ class RunParts:
     #: The divergence guard (``divergence=``), or ``None`` when it is off.
     divergence: DivergenceGuard | None = None
     #: What validation draws noise from: its own generator, reset to the run's seed at
-    #: the start of every validation pass (``beatloop.core.evaluation``), so the same
+    #: the start of every validation pass (``beatloop.core.running.evaluation``), so the same
     #: weights on the same data give the same figures, and validating draws nothing
     #: from the run's generator (training is the same with or without it).
     validation_random: tf.random.Generator | None = None
     #: The run's Keras name counters: its parts were built and traced in their scope,
-    #: and so is any loop traced later (``beatloop.core.naming``).
+    #: and so is any loop traced later (``beatloop.core.running.naming``).
     names: RunNames = attrs.field(factory=RunNames)
     #: A recipe in phases: each phase's parts (the fields above hold the first's until
-    #: the engine enters another: ``beatloop.core.phased``); ``None`` without phases.
+    #: the engine enters another: ``beatloop.core.compiled.phased``); ``None`` without phases.
     phased: PhasedRun | None = None
 
     def guards(self) -> list[DivergenceGuard]:

@@ -16,25 +16,25 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from beatloop.core.assembly import assemble
-from beatloop.core.batches import DataSplit
-from beatloop.core.callbacks import Callback, CallbackList
-from beatloop.core.checkpoints import run_checkpoints
-from beatloop.core.data_origin import recipe_options, warn_if_python_fed
-from beatloop.core.errors import ConfigError, DataError
-from beatloop.core.evaluation import Evaluation
-from beatloop.core.keras_callbacks import adapt_callbacks, warn_if_resumed
-from beatloop.core.metrics import LazyLogs
-from beatloop.core.op_errors import data_errors
-from beatloop.core.options import EngineOptions
-from beatloop.core.pacing import AUTO, EVALUATION_STEPS, pace_for
-from beatloop.core.phased import check_epochs, enter_phase
-from beatloop.core.recipe import Recipe, label_settings
-from beatloop.core.recovery import Recovery
-from beatloop.core.run import Run
-from beatloop.core.stream import DataStream, epoch_length
-from beatloop.core.user_code import in_recipe
-from beatloop.core.workers import Cluster, slowest_of
+from beatloop.core.compiled.metrics import LazyLogs
+from beatloop.core.compiled.op_errors import data_errors
+from beatloop.core.compiled.phased import check_epochs, enter_phase
+from beatloop.core.compiled.user_code import in_recipe
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.data_origin import recipe_options, warn_if_python_fed
+from beatloop.core.devices.workers import Cluster, slowest_of
+from beatloop.core.events.callbacks import Callback, CallbackList
+from beatloop.core.events.keras_callbacks import adapt_callbacks, warn_if_resumed
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import ConfigError, DataError
+from beatloop.core.feeding.stream import DataStream, epoch_length
+from beatloop.core.running.assembly import assemble
+from beatloop.core.running.evaluation import Evaluation
+from beatloop.core.running.options import EngineOptions
+from beatloop.core.running.pacing import AUTO, EVALUATION_STEPS, pace_for
+from beatloop.core.running.recipe import Recipe, label_settings
+from beatloop.core.running.recovery import Recovery
+from beatloop.core.saving.checkpoints import run_checkpoints
 
 __all__ = ["Engine", "EngineOptions"]
 

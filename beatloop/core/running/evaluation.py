@@ -12,16 +12,16 @@ from __future__ import annotations
 import attrs
 import tensorflow as tf
 
-from beatloop.core.assembly import RunParts, validation_loop
-from beatloop.core.batches import DataSplit, as_evaluation_data, check_evaluation_data
-from beatloop.core.collectives import Gathering
-from beatloop.core.data_origin import LOOP_DATA_ADVICE, is_loop_data
-from beatloop.core.errors import ConfigError, DataError
-from beatloop.core.loop import CompiledLoop
-from beatloop.core.op_errors import data_errors
-from beatloop.core.options import EngineOptions
-from beatloop.core.stream import DataStream
-from beatloop.core.user_code import in_recipe
+from beatloop.core.compiled.loop import CompiledLoop
+from beatloop.core.compiled.op_errors import data_errors
+from beatloop.core.compiled.user_code import in_recipe
+from beatloop.core.data.batches import DataSplit, as_evaluation_data, check_evaluation_data
+from beatloop.core.data.data_origin import LOOP_DATA_ADVICE, is_loop_data
+from beatloop.core.devices.collectives import Gathering
+from beatloop.core.failures.errors import ConfigError, DataError
+from beatloop.core.feeding.stream import DataStream
+from beatloop.core.running.assembly import RunParts, validation_loop
+from beatloop.core.running.options import EngineOptions
 
 
 class Evaluation:

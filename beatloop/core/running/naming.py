@@ -24,7 +24,7 @@ import keras
 from keras.src.backend.common import global_state
 from keras.src.utils.naming import to_snake_case
 
-from beatloop.core.errors import ReproducibilityWarning
+from beatloop.core.failures.errors import ReproducibilityWarning
 
 #: Where Keras keeps its name counters (``keras.src.utils.naming``).
 _COUNTERS = "object_name_uids"

@@ -6,11 +6,11 @@ import math
 
 import attrs
 
-from beatloop.core.pacing import AUTO_CEILING
+from beatloop.core.compiled.loop import MAX_STEPS_PER_EXECUTION
+from beatloop.core.running.pacing import AUTO_CEILING
 
 ON_NAN = ("raise", "rollback")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-MAX_STEPS_PER_EXECUTION = 1 << 20  # the fault flag of a call's status rides above this
 
 _int = attrs.validators.instance_of(int)
 _bool = attrs.validators.instance_of(bool)
@@ -52,7 +52,7 @@ class EngineOptions:
     """How the engine runs steps, independent of what the recipe computes.
 
     ``steps_per_execution``: steps per compiled call, or ``"auto"``: the engine times its
-    calls and chooses (see ``beatloop.core.pacing``). ``steps_per_epoch``: end epochs after
+    calls and chooses (see ``beatloop.core.running.pacing``). ``steps_per_epoch``: end epochs after
     that many steps (needed for endless data; the engine takes the recipe's
     ``Recipe.steps_per_epoch`` when this is ``None``). ``checkpoint_every``: also checkpoint
     mid-epoch, at the first call boundary at or after every N steps (a run with a run dir

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from beatloop.core.errors import ConfigError
+from beatloop.core.failures.errors import ConfigError
 
 #: The value of ``steps_per_execution`` that lets the engine choose.
 AUTO = "auto"

@@ -17,14 +17,14 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.batches import DataSplit
-from beatloop.core.beats import Schedule
-from beatloop.core.callbacks import Callback, Order
-from beatloop.core.errors import ConfigError
-from beatloop.core.forward import ModelCalls
-from beatloop.core.phases import Phases
-from beatloop.core.run import Run
-from beatloop.core.supplied import SuppliedModel, model_names, no_models_message
+from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.data.batches import DataSplit
+from beatloop.core.events.callbacks import Callback, Order
+from beatloop.core.events.run import Run
+from beatloop.core.failures.errors import ConfigError
+from beatloop.core.schedule.beats import Schedule
+from beatloop.core.schedule.phases import Phases
+from beatloop.core.schedule.supplied import SuppliedModel, model_names, no_models_message
 
 LossOutput = tf.Tensor | Mapping[str, tf.Tensor]
 LossFn = Callable[[ModelCalls, Mapping[str, tf.Tensor]], LossOutput]

@@ -14,16 +14,16 @@ import signal
 import threading
 import warnings
 
-from beatloop.core.callbacks import CallbackList
-from beatloop.core.checkpoints import RunCheckpoints
-from beatloop.core.counters import Counters
-from beatloop.core.errors import ConfigError, NumericsError, RunInterrupted
-from beatloop.core.loop import CallResult
-from beatloop.core.metrics import StepMetrics
-from beatloop.core.numerics import describe_checks
-from beatloop.core.options import EngineOptions
-from beatloop.core.record import RunRecord
-from beatloop.core.workers import Cluster
+from beatloop.core.compiled.counters import Counters
+from beatloop.core.compiled.loop import CallResult
+from beatloop.core.compiled.metrics import StepMetrics
+from beatloop.core.compiled.numerics import describe_checks
+from beatloop.core.devices.workers import Cluster
+from beatloop.core.events.callbacks import CallbackList
+from beatloop.core.failures.errors import ConfigError, NumericsError, RunInterrupted
+from beatloop.core.running.options import EngineOptions
+from beatloop.core.saving.checkpoints import RunCheckpoints
+from beatloop.core.saving.record import RunRecord
 
 #: The signals a run with a run dir turns into a checkpoint and a stop: Ctrl-C, and what
 #: kill, Slurm, Docker and Kubernetes send.
@@ -221,7 +221,7 @@ class Recovery:
         """While training: Ctrl-C or SIGTERM asks for a stop at the next call boundary
         (with a run dir, where a checkpoint can be saved; without one they act as usual:
         Ctrl-C interrupts at once, SIGTERM ends the process); an error saying another
-        worker went away becomes a ``WorkerLostError`` (``core/workers.py``)."""
+        worker went away becomes a ``WorkerLostError`` (``core/devices/workers.py``)."""
         try:
             with self._interrupt.catching(enabled=self.checkpoints is not None):
                 yield

@@ -9,10 +9,10 @@ from typing import Any
 import attrs
 import keras
 
-from beatloop.core.binding import BoundSchedule
-from beatloop.core.errors import BeatloopError
-from beatloop.core.recipe import Recipe
-from beatloop.core.run_dir import check_export_dir
+from beatloop.core.compiled.binding import BoundSchedule
+from beatloop.core.failures.errors import BeatloopError
+from beatloop.core.running.recipe import Recipe
+from beatloop.core.saving.run_dir import check_export_dir
 
 
 @attrs.frozen

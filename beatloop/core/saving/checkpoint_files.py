@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from beatloop.core.record import RunRecord
+from beatloop.core.saving.record import RunRecord
 
 PREFIX = "ckpt"
 #: What reading a damaged checkpoint raises: TensorFlow's errors (data loss, not found),

@@ -25,7 +25,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from beatloop.core.checkpoint_files import (  # noqa: F401  (latest_record, remove_leftovers: re-exported)
+from beatloop.core.failures.errors import CheckpointError
+from beatloop.core.saving.checkpoint_files import (  # noqa: F401  (latest_record, remove_leftovers: re-exported)
     PREFIX,
     UNREADABLE,
     checkpoint_files,
@@ -35,9 +36,8 @@ from beatloop.core.checkpoint_files import (  # noqa: F401  (latest_record, remo
     read_record,
     remove_leftovers,
 )
-from beatloop.core.errors import CheckpointError
-from beatloop.core.record import RunRecord
-from beatloop.core.run_dir import writing
+from beatloop.core.saving.record import RunRecord
+from beatloop.core.saving.run_dir import writing
 
 #: The checkpoint key of each beat's last loss value (kept since issue 14).
 LAST_VALUES = "last_values"
@@ -54,7 +54,7 @@ class RunCheckpoints:
 
     ``read_from``: where restores read (default: ``directory``); a multi-worker run's
     other workers save into a dir of their own and restore the chief's checkpoints
-    (``core/workers.py``), numbering theirs like the chief's and naming them by the
+    (``core/devices/workers.py``), numbering theirs like the chief's and naming them by the
     chief's paths."""
 
     def __init__(

@@ -16,9 +16,9 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.errors import CheckpointError
-from beatloop.core.recipe_state import state_record
-from beatloop.core.run_dir import replace_file
+from beatloop.core.failures.errors import CheckpointError
+from beatloop.core.saving.run_dir import replace_file
+from beatloop.core.schedule.recipe_state import state_record
 
 
 def _lines(value) -> tuple[str, ...]:

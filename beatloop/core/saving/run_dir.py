@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from beatloop.core.errors import RunDirError
+from beatloop.core.failures.errors import RunDirError
 
 #: What the run writes inside its run dir, besides the files it names itself.
 WRITTEN = ("run.json", "history.jsonl", "checkpoints", "checkpoints/checkpoint")

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from beatloop.core.errors import RunDirError
-from beatloop.core.run_dir import LOCK_NAME, never_started, writing
+from beatloop.core.failures.errors import RunDirError
+from beatloop.core.saving.run_dir import LOCK_NAME, never_started, writing
 
 
 class RunDirLock:

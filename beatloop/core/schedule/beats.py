@@ -3,9 +3,9 @@
 A ``Beat`` is one gradient update (a loss, the optimizer that applies it, the
 variables it updates); a ``Group`` is beats whose gradients all come from one
 forward computation and one state; a ``Schedule`` is the ordered entries of one
-step (beats, groups, and the updates and acts of ``beatloop.core.updates``) plus the
+step (beats, groups, and the updates and acts of ``beatloop.core.schedule.updates``) plus the
 variables declared frozen or shared. None holds a TensorFlow
-object: binding them to built models is ``beatloop.core.binding``'s job.
+object: binding them to built models is ``beatloop.core.compiled.binding``'s job.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Literal
 import attrs
 import tensorflow as tf
 
-from beatloop.core.errors import ScheduleError
-from beatloop.core.transforms import (  # noqa: F401  (the built-in transforms' old home)
+from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.schedule.transforms import (  # noqa: F401  (the built-in transforms' old home)
     ClipByGlobalNorm,
     ClipByNorm,
     ClipByValue,
@@ -26,7 +26,7 @@ from beatloop.core.transforms import (  # noqa: F401  (the built-in transforms' 
     check_gradient_fn,
     described,
 )
-from beatloop.core.updates import Act, NonGradient, UpdateEntry
+from beatloop.core.schedule.updates import Act, NonGradient, UpdateEntry
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.errors import ConfigError, did_you_mean
+from beatloop.core.failures.errors import ConfigError, did_you_mean
 
 
 def setting(default: Any, doc: str, validator=None) -> Any:

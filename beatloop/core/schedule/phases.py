@@ -4,7 +4,7 @@ A ``Phase`` is a span of epochs with its own ``Schedule`` (pretrain, then a line
 on the frozen encoder; warm-up, then main training); ``Phases`` is their order. Which
 phase an epoch runs is a function of the epoch number alone, so a run resumed inside any
 phase runs the same phase it was interrupted in. Binding them is
-``beatloop.core.phased``'s job; like schedules, they hold no TensorFlow object.
+``beatloop.core.compiled.phased``'s job; like schedules, they hold no TensorFlow object.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 
 import attrs
 
-from beatloop.core.beats import Schedule
-from beatloop.core.errors import ConfigError, ScheduleError
+from beatloop.core.failures.errors import ConfigError, ScheduleError
+from beatloop.core.schedule.beats import Schedule
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

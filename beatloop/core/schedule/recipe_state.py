@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from beatloop.core.errors import ConfigError
+from beatloop.core.failures.errors import ConfigError
 
 _VARIABLES = (tf.Variable, keras.Variable)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import attrs
 import keras
 
-from beatloop.core.beats import Schedule
-from beatloop.core.errors import ConfigError
-from beatloop.core.phases import Phases, schedules_of
+from beatloop.core.failures.errors import ConfigError
+from beatloop.core.schedule.beats import Schedule
+from beatloop.core.schedule.phases import Phases, schedules_of
 
 
 def _text(instance, attribute, value) -> None:

@@ -18,7 +18,7 @@ from typing import Literal
 import attrs
 import tensorflow as tf
 
-from beatloop.core.errors import ConfigError, ScheduleError
+from beatloop.core.failures.errors import ConfigError, ScheduleError
 
 SIGNATURE = "fn(gradients, variables) -> gradients"
 

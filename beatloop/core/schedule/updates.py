@@ -5,7 +5,7 @@ step (an agent acting, a buffer filling).
 Like beats they are printable, comparable values with a name and an ``every``; they hold
 the user's function, printed by its ``__qualname__``. They run in the compiled training
 step only, at their place in the schedule: never in validation, evaluation or binding.
-Binding them to variables is ``beatloop.core.update_binding``'s job.
+Binding them to variables is ``beatloop.core.compiled.update_binding``'s job.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from beatloop.core.errors import ScheduleError
+from beatloop.core.failures.errors import ScheduleError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 import beatloop
-from beatloop.sources.digits import digits
+from beatloop.datasets import digits
 
 _positive = attrs.validators.gt(0)
 

@@ -1,0 +1,1 @@
+"""The built-in callbacks, written as a plugin's: they import only beatloop's public surface."""

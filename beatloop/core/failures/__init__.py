@@ -1,0 +1,1 @@
+"""What goes wrong, in words: beatloop's exceptions, warnings and exit codes."""

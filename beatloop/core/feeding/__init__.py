@@ -1,0 +1,1 @@
+"""The data's path into the compiled loop: passes, their position, iterators, worker shards."""

@@ -1,0 +1,1 @@
+"""The schedule's vocabulary as values: beats, groups, updates, phases, transforms, configs."""
