@@ -26,8 +26,10 @@ from beatloop import moved
 
 __version__ = "0.2.0"
 
-#: The public modules besides this one: what recipe, callback and source authors use.
+#: The public modules besides this one: what recipe, callback and source authors use,
+#: and the command line as a function.
 PUBLIC_MODULES = (
+    "beatloop.cli",
     "beatloop.datasets",
     "beatloop.files",
     "beatloop.images",
@@ -184,6 +186,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         History,
         JsonLinesLogger,
         ProgressBar,
+        TrainingTimer,
     )
     from beatloop.callbacks.tensorboard import TensorBoard
     from beatloop.core.compiled.binding import bind

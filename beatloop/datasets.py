@@ -16,6 +16,17 @@ import tensorflow as tf
 from beatloop.core.data.batches import DataSplit
 from beatloop.core.failures.errors import DataError
 
+__all__ = [
+    "batches",
+    "breast_cancer_arrays",
+    "digits",
+    "digits_arrays",
+    "load_image",
+    "sample_photo",
+    "split_arrays",
+    "with_outliers",
+]
+
 
 def digits_arrays(
     seed: int, validation_fraction: float = 0.2, signed: bool = False

@@ -1,4 +1,5 @@
-"""Writing images people look at: a grid of samples as one PNG, written atomically."""
+"""Pictures a recipe or a callback writes (public: ``docs/api.md``): a grid of samples as
+one PNG, written atomically."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from beatloop.core.saving.run_dir import writing
+
+__all__ = ["grid", "save_png", "to_uint8"]
 
 
 def to_uint8(images: np.ndarray, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:

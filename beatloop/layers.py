@@ -1,12 +1,14 @@
 """Layers that hold a variable rather than compute: how a recipe makes a picture being
 optimised, or loss weights the compiled step reads, into a named part the schedule can
-select, the binder can check and a checkpoint can hold."""
+select, the binder can check and a checkpoint can hold (public: ``docs/api.md``)."""
 
 from __future__ import annotations
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+__all__ = ["VariableLayer"]
 
 
 class VariableLayer(keras.layers.Layer):

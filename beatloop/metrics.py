@@ -1,9 +1,12 @@
-"""Metrics beyond Keras's own, accumulated across batches like any Keras metric."""
+"""Metrics beyond Keras's own, accumulated across batches like any Keras metric (public:
+``docs/api.md``)."""
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
+
+__all__ = ["KSStatistic"]
 
 
 class KSStatistic(keras.metrics.Metric):

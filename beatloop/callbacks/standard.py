@@ -15,10 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from beatloop.core.events.callbacks import Callback, Order
-from beatloop.core.events.run import Run
-from beatloop.core.failures.errors import ConfigError
-from beatloop.core.saving.run_dir import append_line, replace_file, writing
+from beatloop import Callback, ConfigError, Order, Run
+from beatloop.files import append_line, replace_file, writing
 
 
 class History(Callback):

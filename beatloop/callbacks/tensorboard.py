@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from beatloop.core.events.callbacks import Callback, EventFilter, Order
-from beatloop.core.events.run import Run
-from beatloop.core.failures.errors import ConfigError
+from beatloop import Callback, ConfigError, EventFilter, Order, Run
 
 
 class TensorBoard(Callback):

@@ -7,6 +7,9 @@ One module per command (``cmd_*.py``: its options, ``add_command``, and what it 
 ``beatloop: error: ...`` line and an exit code per failure, in the command line's
 ``spelling``), ``version`` (``--version``). TensorFlow is imported only by the command
 that runs (and ``list`` only on a cache miss), after its log level is set.
+
+``main`` (the command line from Python: ``main(["run", "gan"])`` returns the exit code)
+is public (``docs/api.md``); the rest of this package is internal.
 """
 
 from beatloop.cli.app import main
@@ -15,4 +18,4 @@ from beatloop.cli.parser import build_parser
 #: The older name of ``build_parser`` (docs/hooks.py builds the help pages with it).
 _parser = build_parser
 
-__all__ = ["build_parser", "main"]
+__all__ = ["main"]

@@ -1,8 +1,8 @@
 """The built-in environments: ``chain`` (a walk to the end of a corridor, the ``dqn``
 recipe's default) and ``cartpole`` (the classic pole balancing, in TensorFlow ops, the
 ``ppo`` recipe's default), each with batched methods on the whole stack of copies.
-Registered by the built-in plugin; a recipe finds them by name through
-``beatloop.core.data.environment_lookup``.
+Registered by the built-in plugin; a recipe makes one by name with
+``beatloop.make_environment``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import math
 import attrs
 import tensorflow as tf
 
-from beatloop.core.data.environment import Environment, State
-from beatloop.core.schedule.config import setting
+from beatloop import Environment, setting
+
+#: An environment's state: named tensors (``Environment``'s methods take and return it).
+State = dict[str, tf.Tensor]
 
 
 def _at_least(low: int):

@@ -3,7 +3,7 @@ the same hooks as plugins."""
 
 from __future__ import annotations
 
-from beatloop.plugins.hookspecs import hookimpl
+from beatloop import hookimpl
 
 
 @hookimpl

@@ -34,14 +34,20 @@ import attrs
 import keras
 import tensorflow as tf
 
+from beatloop import (
+    EMA,
+    Beat,
+    DataSplit,
+    Group,
+    ModelCalls,
+    Phase,
+    Phases,
+    Recipe,
+    Schedule,
+    choice,
+    setting,
+)
 from beatloop import datasets as data
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, Group, Schedule
-from beatloop.core.schedule.config import choice, setting
-from beatloop.core.schedule.phases import Phase, Phases
-from beatloop.core.schedule.updates import EMA
 from beatloop.recipes.views import Views, square_side
 
 _positive = attrs.validators.gt(0)

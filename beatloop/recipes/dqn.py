@@ -22,14 +22,20 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.data_origin import loop_data
-from beatloop.core.data.environment import Environment
-from beatloop.core.data.environment_lookup import make_environment
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, Schedule
-from beatloop.core.schedule.config import choice, setting
-from beatloop.core.schedule.updates import EMA, Act, Copy
+from beatloop import (
+    EMA,
+    Act,
+    Beat,
+    Copy,
+    DataSplit,
+    Environment,
+    Recipe,
+    Schedule,
+    choice,
+    loop_data,
+    make_environment,
+    setting,
+)
 
 _positive = attrs.validators.gt(0)
 _fraction = [attrs.validators.ge(0), attrs.validators.le(1)]

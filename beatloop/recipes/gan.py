@@ -15,15 +15,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from beatloop import (
+    Beat,
+    Callback,
+    DataSplit,
+    Group,
+    ModelCalls,
+    Order,
+    Recipe,
+    Run,
+    Schedule,
+    choice,
+    images,
+    setting,
+)
 from beatloop import datasets as data
-from beatloop import images
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.events.callbacks import Callback, Order
-from beatloop.core.events.run import Run
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, Group, Schedule
-from beatloop.core.schedule.config import choice, setting
 from beatloop.recipes import gan_quality as quality
 
 _positive = attrs.validators.gt(0)

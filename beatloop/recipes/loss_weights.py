@@ -19,9 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.events.callbacks import Callback, Order
-from beatloop.core.events.run import Run
+from beatloop import Callback, ModelCalls, Order, Run
 from beatloop.layers import VariableLayer
 
 WEIGHTINGS = ("fixed", "uncertainty", "dwa")

@@ -25,16 +25,21 @@ import attrs
 import keras
 import tensorflow as tf
 
+from beatloop import (
+    Beat,
+    Callback,
+    ConfigError,
+    DataSplit,
+    Group,
+    ModelCalls,
+    PCGrad,
+    Recipe,
+    Run,
+    Schedule,
+    choice,
+    setting,
+)
 from beatloop import datasets as data
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.events.callbacks import Callback
-from beatloop.core.events.run import Run
-from beatloop.core.failures.errors import ConfigError
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, Group, Schedule
-from beatloop.core.schedule.config import choice, setting
-from beatloop.core.schedule.transforms import PCGrad
 from beatloop.recipes import loss_weights
 from beatloop.recipes.loss_weights import LogVariances, dwa_weights
 

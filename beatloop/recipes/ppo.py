@@ -20,14 +20,18 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.data_origin import loop_data
-from beatloop.core.data.environment import Environment
-from beatloop.core.data.environment_lookup import make_environment
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, ClipByGlobalNorm, Schedule
-from beatloop.core.schedule.config import setting
-from beatloop.core.schedule.updates import Act
+from beatloop import (
+    Act,
+    Beat,
+    ClipByGlobalNorm,
+    DataSplit,
+    Environment,
+    Recipe,
+    Schedule,
+    loop_data,
+    make_environment,
+    setting,
+)
 from beatloop.recipes import ppo_rollout as rollout
 
 _positive = attrs.validators.gt(0)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from beatloop.core.data.environment import Environment
+from beatloop import Environment
 
 #: ``heads(observations) -> (logits [n, actions], values [n])``: the policy and critic.
 Heads = Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]

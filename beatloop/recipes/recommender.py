@@ -32,14 +32,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.events.callbacks import Callback
-from beatloop.core.events.run import Run
-from beatloop.core.failures.errors import ConfigError
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, Schedule
-from beatloop.core.schedule.config import choice, setting
+from beatloop import (
+    Beat,
+    Callback,
+    ConfigError,
+    DataSplit,
+    ModelCalls,
+    Recipe,
+    Run,
+    Schedule,
+    choice,
+    setting,
+)
 from beatloop.recipes import loss_weights
 from beatloop.recipes.recommender_data import Vocabulary, read_vocabulary, synthetic_split
 

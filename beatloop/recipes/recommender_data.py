@@ -20,9 +20,8 @@ import attrs
 import numpy as np
 import tensorflow as tf
 
+from beatloop import DataError, DataSplit
 from beatloop import datasets as data
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.failures.errors import DataError
 
 FACTORS = 8
 #: Ratings per user held out for validation.

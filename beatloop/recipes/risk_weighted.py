@@ -14,12 +14,18 @@ import attrs
 import keras
 import tensorflow as tf
 
+from beatloop import (
+    Beat,
+    ClipByGlobalNorm,
+    ClipByNorm,
+    DataSplit,
+    ModelCalls,
+    Recipe,
+    Schedule,
+    choice,
+    setting,
+)
 from beatloop import datasets as data
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, ClipByGlobalNorm, ClipByNorm, Schedule
-from beatloop.core.schedule.config import choice, setting
 from beatloop.metrics import KSStatistic
 
 _positive = attrs.validators.gt(0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from beatloop.core.data.batches import DataSplit
+from beatloop import DataSplit
 from beatloop.datasets import batches
 
 #: A batch's keys: whole tasks, ``(tasks, points, 1)`` each.

@@ -28,17 +28,23 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from beatloop import (
+    Beat,
+    Callback,
+    ClipValues,
+    ConfigError,
+    DataSplit,
+    ModelCalls,
+    Order,
+    Recipe,
+    Run,
+    Schedule,
+    SuppliedModel,
+    choice,
+    images,
+    setting,
+)
 from beatloop import datasets as data
-from beatloop import images
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.events.callbacks import Callback, Order
-from beatloop.core.events.run import Run
-from beatloop.core.failures.errors import ConfigError
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, ClipValues, Schedule
-from beatloop.core.schedule.config import choice, setting
-from beatloop.core.schedule.supplied import SuppliedModel
 from beatloop.layers import VariableLayer
 
 _positive = attrs.validators.gt(0)

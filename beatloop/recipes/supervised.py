@@ -10,12 +10,8 @@ import attrs
 import keras
 import tensorflow as tf
 
+from beatloop import Beat, DataSplit, ModelCalls, Recipe, Schedule, choice, setting
 from beatloop import datasets as data
-from beatloop.core.compiled.forward import ModelCalls
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.running.recipe import Recipe
-from beatloop.core.schedule.beats import Beat, Schedule
-from beatloop.core.schedule.config import choice, setting
 
 OPTIMIZERS = {
     "adam": keras.optimizers.Adam,

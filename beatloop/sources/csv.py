@@ -19,9 +19,7 @@ from pathlib import Path
 import attrs
 import tensorflow as tf
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.source import DataSource
-from beatloop.core.failures.errors import DataError
+from beatloop import DataError, DataSource, DataSplit
 from beatloop.sources.stream import StreamConfig, stream_split
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.

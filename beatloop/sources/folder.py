@@ -14,9 +14,7 @@ from typing import Literal
 import attrs
 import numpy as np
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.source import DataSource, InferredSettingWarning, SourceConfig
-from beatloop.core.failures.errors import DataError
+from beatloop import DataError, DataSource, DataSplit, InferredSettingWarning, SourceConfig
 from beatloop.datasets import split_arrays
 from beatloop.sources.image_headers import UnreadableImage, agreed_shape, inferred_notice
 

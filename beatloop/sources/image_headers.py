@@ -18,7 +18,7 @@ from pathlib import Path
 
 import attrs
 
-from beatloop.core.failures.errors import DataError
+from beatloop import DataError
 
 COLOR_MODES = {1: "grayscale", 2: "rgba", 3: "rgb", 4: "rgba"}
 _ONE_CHANNEL = ("1", "L", "F", "I")  # Pillow modes of one channel ("I;16" and kin included)

@@ -8,9 +8,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.source import DataSource, SourceConfig
-from beatloop.core.failures.errors import DataError
+from beatloop import DataError, DataSource, DataSplit, SourceConfig
 from beatloop.datasets import split_arrays
 
 

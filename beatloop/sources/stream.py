@@ -18,9 +18,7 @@ from collections.abc import Callable
 import attrs
 import tensorflow as tf
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.source import SourceConfig
-from beatloop.core.failures.errors import DataError
+from beatloop import DataError, DataSplit, SourceConfig
 
 #: Records per chunk when the held-out ones are picked out (vectorised, not per record).
 _CHUNK = 4096

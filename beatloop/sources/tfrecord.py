@@ -27,9 +27,7 @@ from typing import Literal
 import attrs
 import numpy as np
 
-from beatloop.core.data.batches import DataSplit
-from beatloop.core.data.source import DataSource
-from beatloop.core.failures.errors import ConfigError, DataError
+from beatloop import ConfigError, DataError, DataSource, DataSplit
 from beatloop.sources.example_spec import (
     FeatureSpec,
     SpecError,
