@@ -12,7 +12,9 @@ complete in the checkout and on GitHub as well as in the built site:
   default, and the ``doc`` in the field's metadata);
 - ``callback-events``: every event in ``beatloop.core.events.callbacks.EVENTS`` with its
   method's signature and what its docstring says about when it fires;
-- ``cli-help``: what ``beatloop --help`` and each command's ``--help`` print.
+- ``cli-help``: what ``beatloop --help`` and each command's ``--help`` print;
+- ``deprecated-paths``: every old module path and name ``beatloop.moved`` keeps working,
+  with its new path and the release that removes it.
 
 After changing a recipe's config, a callback event or the command line, rewrite them from
 the repository root (``--check`` only lists the stale ones, and exits 1 if there are any):
@@ -151,6 +153,16 @@ def cli_help() -> str:
     return "\n\n".join([version, *blocks])
 
 
+def deprecated_paths_table() -> str:
+    """A Markdown table of every deprecated path: old, new, the release removing it."""
+    from beatloop import moved
+
+    rows = ["| old path | use instead | removed in |", "|---|---|---|"]
+    for entry in (*moved.MODULES, *moved.NAMES):
+        rows.append(f"| `{entry.old}` | `{entry.new}` | {entry.removed_in} |")
+    return "\n".join(rows)
+
+
 def generate(key: str) -> str:
     """The Markdown of the section named ``key`` (``config gan``, ``callback-events``, ...)."""
     kind, _, argument = key.partition(" ")
@@ -158,6 +170,7 @@ def generate(key: str) -> str:
         "config": lambda: config_table(argument),
         "callback-events": events_table,
         "cli-help": cli_help,
+        "deprecated-paths": deprecated_paths_table,
     }
     if kind not in generators:
         raise KeyError(f"unknown generated section {key!r}: expected one of {sorted(generators)}")
