@@ -93,7 +93,12 @@ def warning_line(message: object) -> str:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(warning_line(message), file=file or sys.stderr)
+    """One line; a deprecation names the file and line that used the old path (a
+    plugin's, say), which its words alone do not."""
+    text = warning_line(message)
+    if issubclass(category, DeprecationWarning):
+        text += f" (at {filename}:{lineno})"
+    print(text, file=file or sys.stderr)
 
 
 class _OneLine(logging.Formatter):
