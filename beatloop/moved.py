@@ -110,6 +110,8 @@ NAMES: tuple[Moved, ...] = (
     Moved("beatloop.sources.SourceConfig", "beatloop.SourceConfig"),
     Moved("beatloop.sources.split_arrays", "beatloop.datasets.split_arrays"),
     *(Moved(f"beatloop.sources.{name}", path) for name, path in _KINDS.items()),
+    # beatloop.environments was a module before it was the environments' package
+    Moved("beatloop.environments.make_environment", "beatloop.make_environment"),
 )
 
 _BY_MODULE = {moved.old: moved for moved in MODULES}
