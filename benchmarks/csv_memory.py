@@ -42,8 +42,8 @@ def child(mode: str, path: str, batch_size: int) -> dict:
     import numpy as np
 
     import beatloop
+    from beatloop import NamedData
     from beatloop.datasets import split_arrays
-    from beatloop.named_data.load import NamedData
     from beatloop.sources.csv import CsvConfig
 
     config = {"batch_size": batch_size, "classes": CLASSES}

@@ -31,7 +31,7 @@ import tensorflow as tf
 from common import EpochTimer, KerasTimer, spread
 
 import beatloop
-from beatloop.core.data.batches import DataSplit
+from beatloop import DataSplit
 from beatloop.datasets import digits_arrays
 from beatloop.recipes.gan import Gan
 

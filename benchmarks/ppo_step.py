@@ -31,7 +31,7 @@ import tensorflow as tf
 from common import cross_race, race_arguments
 
 import beatloop
-from beatloop.callbacks.standard import TrainingTimer
+from beatloop import TrainingTimer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ppo_hand import HandWrittenPpo  # the loop the tests compare

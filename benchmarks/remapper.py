@@ -41,7 +41,7 @@ def child(case: str, remapping: bool, epochs: int, steps_per_execution: int) -> 
     from epoch_boundary import BATCH, PASSES, StepOnly, digits, one_pass
 
     import beatloop
-    from beatloop.core.data.batches import DataSplit
+    from beatloop import DataSplit
     from beatloop.core.feeding import grappler_lines
     from beatloop.recipes.gan import Gan
 

@@ -132,7 +132,7 @@ class ScheduleModel:
 
     @staticmethod
     def of(recipe, data, models, optimizers, tf, keras):
-        from beatloop.core.compiled.binding import bind
+        from beatloop import bind
 
         random = tf.random.Generator.from_seed(0)
         bound = bind(
