@@ -70,6 +70,7 @@ MODULES: tuple[Moved, ...] = (
     Moved("beatloop.environment_base", "beatloop"),
     Moved("beatloop.environments.base", "beatloop"),
     Moved("beatloop.environments.registry", "beatloop"),
+    Moved("beatloop.cache", "beatloop.files"),
     # the built-in callbacks, now in beatloop/callbacks/
     Moved("beatloop.plugins.callbacks", "beatloop"),
     Moved("beatloop.plugins.tensorboard", "beatloop"),

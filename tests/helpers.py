@@ -238,6 +238,35 @@ def run_python(
     return out
 
 
+def pip(python, *args) -> None:
+    """The live environment's pip (22.3 or later: ``--python``), acting on the
+    environment of ``python``."""
+    run_python("-m", "pip", "--disable-pip-version-check", "-q", "--python", python, *args)
+
+
+def venv_holding(package: Path, root: Path) -> Path:
+    """The python of a new venv in ``root`` holding the package at ``package``,
+    installed with pip as a user would. It sees the live environment's packages through
+    a .pth that calls ``site.addsitedir`` on the live site-packages (a plain path line
+    would skip the .pth files there, editable installs among them) and installs nothing
+    else: TensorFlow is not installed twice. A build writes build/ and *.egg-info beside
+    the sources, so it builds from a copy in ``root``, with the live setuptools (no
+    isolated build environment to download)."""
+    import shutil
+    import sysconfig
+
+    run_python("-m", "venv", "--without-pip", root / "venv")
+    python = root / "venv" / "bin" / "python"
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site_packages = Path(run_python("-c", purelib, python=python).strip())
+    live = sysconfig.get_path("purelib")
+    (site_packages / "live_environment.pth").write_text(f"import site; site.addsitedir({live!r})\n")
+    skipped = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    source = shutil.copytree(package, root / "source", ignore=skipped)
+    pip(python, "install", "--no-deps", "--no-build-isolation", "--no-index", source)
+    return python
+
+
 def worker(name: str):
     """The script ``workers/NAME.py`` imported as a module, to fit its runs in this
     process: a reference run compared with one killed in a process of its own costs

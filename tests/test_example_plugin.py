@@ -3,14 +3,12 @@ into a throwaway environment, so neither a passing nor a crashing test changes t
 environment the tests run in."""
 
 import json
-import shutil
 import sys
-import sysconfig
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_weights, load_npz, run_python, same_weights
+from helpers import assert_same_weights, load_npz, pip, run_python, same_weights, venv_holding
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "beatloop-example-plugin"
 WORKER = Path(__file__).parent / "workers" / "plugin_run.py"
@@ -18,30 +16,11 @@ WORKER = Path(__file__).parent / "workers" / "plugin_run.py"
 pytestmark = pytest.mark.slow  # a venv, pip and the plugin's runs are other processes
 
 
-def pip(python: Path, *args) -> None:
-    """The live environment's pip (22.3 or later: ``--python``), acting on the
-    environment of ``python``."""
-    run_python("-m", "pip", "--disable-pip-version-check", "-q", "--python", python, *args)
-
-
 @pytest.fixture(scope="module")
 def throwaway(tmp_path_factory) -> Path:
-    """The python of a venv in tmp holding the example plugin. It sees the live
-    environment's packages through a .pth that calls ``site.addsitedir`` on the live
-    site-packages (a plain path line would skip the .pth files there, editable installs
-    among them) and installs nothing else: TensorFlow is not installed twice."""
-    root = tmp_path_factory.mktemp("throwaway")
-    run_python("-m", "venv", "--without-pip", root / "venv")
-    python = root / "venv" / "bin" / "python"
-    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    site_packages = Path(run_python("-c", purelib, python=python).strip())
-    live = sysconfig.get_path("purelib")
-    (site_packages / "live_environment.pth").write_text(f"import site; site.addsitedir({live!r})\n")
-    # A build writes build/ and *.egg-info beside the sources: build from a copy. The
-    # live setuptools builds it (no isolated build environment to download).
-    source = shutil.copytree(EXAMPLE, root / "source")
-    pip(python, "install", "--no-deps", "--no-build-isolation", "--no-index", source)
-    return python
+    """The python of a throwaway venv holding the example plugin
+    (``helpers.venv_holding``)."""
+    return venv_holding(EXAMPLE, tmp_path_factory.mktemp("throwaway"))
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,12 @@ this file tests (tests/old_plugin/README.md)."""
 
 import json
 import re
-import shutil
-import sysconfig
 from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import assert_same_weights, load_npz, run_python, same_weights, start_python
+from helpers import assert_same_weights, load_npz, same_weights, start_python, venv_holding
 
 OLD_PLUGIN = Path(__file__).parent / "old_plugin"
 WORKER = Path(__file__).parent / "workers" / "old_plugin_run.py"
@@ -35,11 +33,6 @@ BROKEN = (
     "beatloop plugin 'bl_distill_broken' (bl-distill) was not loaded: import failed: "
     "ModuleNotFoundError: No module named 'bl_distill_missing_dependency'"
 )
-
-
-def pip(python: Path, *args) -> None:
-    """The live environment's pip acting on the environment of ``python``."""
-    run_python("-m", "pip", "--disable-pip-version-check", "-q", "--python", python, *args)
 
 
 class Done(NamedTuple):
@@ -82,20 +75,8 @@ def beatloop_warnings(stderr: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def throwaway(tmp_path_factory) -> Path:
-    """The python of a venv in tmp holding the old plugin, seeing the live environment's
-    packages through a .pth that calls ``site.addsitedir`` (as test_example_plugin.py)."""
-    root = tmp_path_factory.mktemp("old_plugin")
-    run_python("-m", "venv", "--without-pip", root / "venv")
-    python = root / "venv" / "bin" / "python"
-    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    site_packages = Path(run_python("-c", purelib, python=python).strip())
-    live = sysconfig.get_path("purelib")
-    (site_packages / "live_environment.pth").write_text(f"import site; site.addsitedir({live!r})\n")
-    # A build writes build/ and *.egg-info beside the sources: build from a copy.
-    skipped = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
-    source = shutil.copytree(OLD_PLUGIN, root / "source", ignore=skipped)
-    pip(python, "install", "--no-deps", "--no-build-isolation", "--no-index", source)
-    return python
+    """The python of a throwaway venv holding the old plugin (``helpers.venv_holding``)."""
+    return venv_holding(OLD_PLUGIN, tmp_path_factory.mktemp("old_plugin"))
 
 
 @pytest.fixture(scope="module")

@@ -190,6 +190,7 @@ DOCUMENTED = {
         "History", "ProgressBar", "TrainingTimer", "JsonLinesLogger", "CsvLogger", "EarlyStopping"
     ],
     "beatloop.plugins.tensorboard": ["TensorBoard"],
+    "beatloop.cache": ["cache_dir"],
     "beatloop.core.batches": ["DataSplit"],
     "beatloop.core.beats": [
         "Beat", "Group", "Schedule", "ClipByGlobalNorm", "ClipByNorm", "ClipByValue", "ClipValues"
