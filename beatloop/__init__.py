@@ -9,7 +9,7 @@ no start-up line); TensorFlow imported before that prints them as usual.
 
 What a plugin or a script may import is ``docs/api.md``'s list: the names in ``__all__``
 and the modules in ``PUBLIC_MODULES``. Importing beatloop does two things besides: it
-puts the finder of moved module paths last on ``sys.meta_path`` (``beatloop.moved``: an
+appends the finder of moved module paths to ``sys.meta_path`` (``beatloop.moved``: an
 old path warns and works), and it keeps ``beatloop.recipes`` the public function when the
 package of built-in recipes, which shares the name, is imported.
 """

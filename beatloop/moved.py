@@ -3,7 +3,7 @@ release documented (or its built-in recipes imported) that now lives elsewhere, 
 went, and the release that removes the old path. An old path works as before and warns
 once, with a ``DeprecationWarning`` naming the new path and that release.
 
-``import beatloop`` puts a ``MovedFinder`` last on ``sys.meta_path``: an old module path
+``import beatloop`` appends a ``MovedFinder`` to ``sys.meta_path``: an old module path
 (``import beatloop.data``) is served only where no module of that name exists, by a
 module that hands every attribute over to the new one. A package whose names moved
 answers their old spelling with ``moved_names`` (``from beatloop.sources import
@@ -187,7 +187,8 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """Put one ``MovedFinder`` last on ``sys.meta_path`` (once per process)."""
+    """Append one ``MovedFinder`` to ``sys.meta_path``, after the finders of real modules
+    (once per process)."""
     if not any(isinstance(finder, MovedFinder) for finder in sys.meta_path):
         sys.meta_path.append(MovedFinder())
 
