@@ -281,6 +281,48 @@ print(os.waitstatus_to_exitcode(status), APART.started)
     assert finished.stdout.split() == ["10", "True"], finished.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter that forks
+def test_a_forked_child_never_destroys_the_iterators_its_parent_had_queued():
+    """An iterator queued for release when the process forks (a ``subprocess`` with a
+    ``preexec_fn`` forks) is the parent's to destroy: destroyed in the child, it waits
+    for threads the child does not have, and the child hangs before its ``exec``."""
+    code = """
+import os, threading, time
+import tensorflow as tf
+from beatloop.core.feeding.letting_go import ProcessReleaser
+
+releaser = ProcessReleaser()
+releaser.start()
+gate = threading.Event()
+
+class Held(list):
+    def clear(self):  # the releasing thread still busy with an earlier iterator
+        gate.wait()
+        super().clear()
+
+releaser.release(Held([object()]))
+iterator = iter(tf.data.Dataset.range(100).map(lambda x: x + 1).prefetch(4))
+next(iterator)
+releaser.release([iterator])  # queued behind it when the process forks
+del iterator
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+deadline = time.monotonic() + 60
+while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+    time.sleep(0.05)
+if not done[0]:
+    os.kill(pid, 9)
+print(os.waitstatus_to_exitcode(done[1]) if done[0] else "hung")
+gate.set()
+releaser.wait()
+"""
+    finished = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180
+    )
+    assert finished.stdout.split() == ["7"], finished.stderr[-2000:]
+
+
 def test_a_kept_error_holds_no_iterator_and_the_caller_s_frames_keep_their_locals(small_digits):
     """An error kept after a failed fit (in a notebook, by ``pytest.raises``) must not keep
     the iterator alive in its traceback's frames, for a later collection to wait on."""

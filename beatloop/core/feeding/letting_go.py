@@ -70,6 +70,8 @@ class ProcessReleaser(IteratorReleaser):
     def __init__(self):
         super().__init__()
         self._hooked = False
+        #: In a forked child, the queues its parent had: never destroyed there.
+        self._inherited: list[queue.SimpleQueue] = []
 
     def start(self) -> None:
         super().start()
@@ -79,6 +81,11 @@ class ProcessReleaser(IteratorReleaser):
             self._hooked = True
 
     def _forget(self) -> None:
+        """In a forked child: a queue of its own for a thread of its own. What the parent
+        had queued stays referenced, never destroyed here: an iterator's destructor waits
+        for its threads, which are the parent's (the child would hang inside ``fork``,
+        before a ``subprocess`` child ever reaches its ``exec``)."""
+        self._inherited.append(self._queue)
         self._queue, self._thread = queue.SimpleQueue(), None
 
 
