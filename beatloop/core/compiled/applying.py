@@ -32,20 +32,32 @@ def loss_scale(optimizer) -> tf.Variable | None:
     return None
 
 
-def apply_update(beat, grads) -> None:
+def apply_update(beat, grads, *, summed: bool = False) -> None:
     """Transform a beat's gradients (the global batch's: see the module's docstring),
     apply them with its optimizer, then map the updated variables through its
-    constraint."""
+    constraint. ``summed``: the gradients are already the global batch's on every
+    replica (accumulated sums), handed to the optimizer once."""
     variables = list(beat.variables)
-    if beat.transform is not None:
+    if beat.transform is not None or summed:
         context = replicated()
-        if context is not None:
+        if context is not None and not summed:
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
-        grads = transformed(beat, grads, loss_scale(beat.optimizer))
+        if beat.transform is not None:
+            grads = transformed(beat, grads, loss_scale(beat.optimizer))
         if context is not None:
             grads = handed_once(context, grads)
     beat.optimizer.apply(grads, variables)
     constrain(beat)
+
+
+def apply_gradients(group, gradients: list[list], *, summed: bool = False) -> None:
+    """An entry's update from its beats' gradients: one combined update, or each beat's
+    own (``summed``: see ``apply_update``)."""
+    if group.combine is not None:
+        apply_combined(group, gradients, summed=summed)
+        return
+    for beat, grads in zip(group.beats, gradients, strict=True):
+        apply_update(beat, grads, summed=summed)
 
 
 def replicated() -> tf.distribute.ReplicaContext | None:
@@ -144,15 +156,15 @@ def _shape(grad) -> str:
 # --- a combining group -------------------------------------------------------------------
 
 
-def apply_combined(group, gradients: list[list]) -> None:
+def apply_combined(group, gradients: list[list], *, summed: bool = False) -> None:
     """A combining group's one update: each beat's (true, global) gradients through its
     transform, the combined variables' gradients through ``group.combine``, then one
     ``optimizer.apply`` over the union of the beats' variables (the combined ones with
-    the combined gradient), then each beat's constraint."""
+    the combined gradient), then each beat's constraint. ``summed``: as ``apply_update``."""
     optimizer = group.beats[0].optimizer
     scale = loss_scale(optimizer)
     context = replicated()
-    if context is not None:
+    if context is not None and not summed:
         gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, [list(g) for g in gradients])
     if scale is not None:
         gradients = [[g / tf.cast(scale, g.dtype) for g in grads] for grads in gradients]

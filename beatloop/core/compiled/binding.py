@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from beatloop.core.compiled.applying import combine_problems
 from beatloop.core.compiled.bound import BoundBeat, BoundGroup, BoundSchedule
+from beatloop.core.compiled.gating import conditioned_updates, gated_groups
 from beatloop.core.compiled.gradient_probe import GradientProbe
 from beatloop.core.compiled.randomness import new_operations
 from beatloop.core.compiled.update_binding import bind_updates, in_step_order, written_by
@@ -85,6 +86,7 @@ def bind(
     state: Mapping[str, tf.Variable] | None = None,
     build: bool = True,
     probe: bool = True,
+    methods: Mapping[str, Callable] | None = None,
 ) -> BoundSchedule:
     """Check every rule, build optimizers, and return the bound schedule.
 
@@ -99,24 +101,23 @@ def bind(
     (``Recipe.build_state``), which losses reach as ``models.state``. ``build=False``
     leaves the optimizers unbuilt (phases build each for its variables over all phases
     first: ``build_optimizers``). ``probe=False``: the caller's trace checks gradients.
+    ``methods`` are the recipe's methods that ``only_if=`` names.
     """
     state = dict(state or {})
     random = tf.random.Generator.from_seed(0) if random is None else random
     forwards = forwards or {}
-    problems = [
-        problem
-        for beat in schedule.all_beats
-        for problem in _name_problems(beat, models, optimizers, losses)
-    ]
+    problems = [p for b in schedule.all_beats for p in _names(b, models, optimizers, losses)]
     problems += [p for g in schedule.groups for p in _group_problems(g, models, forwards)]
     resolved = {beat.name: _selected(beat, models, problems) for beat in schedule.all_beats}
     updates = bind_updates(schedule, models, problems, select)
+    updates = conditioned_updates(schedule, updates, methods or {}, problems)
     writers = written_by(updates)
     problems += _ownership_problems(schedule, models, resolved, problems, supplied, writers)
     problems += [p for g in schedule.groups for p in combine_problems(g, resolved)]
     groups: list[BoundGroup] = []
     if not problems:
         groups = _bind_groups(schedule, optimizers, losses, forwards, resolved, models)
+        groups = gated_groups(schedule, groups, methods or {}, problems)
         if build:
             problems += build_optimizers([beat for group in groups for beat in group.beats])
     if batch_spec is not None and not problems:
@@ -140,7 +141,7 @@ def _selected(beat: Beat, models, problems: list[str]) -> list[keras.Variable]:
     )
 
 
-def _name_problems(beat: Beat, models, optimizers, losses) -> list[str]:
+def _names(beat: Beat, models, optimizers, losses) -> list[str]:
     """A beat's loss, optimizer and training-mode models that do not exist."""
     where = f"beat {beat.name!r}"
     return [

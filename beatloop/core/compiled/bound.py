@@ -17,6 +17,8 @@ import attrs
 import keras
 import tensorflow as tf
 
+from beatloop.core.compiled.accumulation import Accumulators
+from beatloop.core.compiled.conditional import Condition
 from beatloop.core.compiled.forward import ModelCalls, forward, loss_of_outputs, shared_forward
 from beatloop.core.compiled.user_code import call_user
 from beatloop.core.devices.replicas import declared, entry_weight
@@ -104,7 +106,8 @@ class BoundBeat:
 class BoundGroup:
     """One entry of a bound step: a lone beat (``forward_fn`` is ``None``: its loss calls
     the models itself), or beats sharing one forward computation (and, with ``combine``,
-    one update from their combined gradients)."""
+    one update from their combined gradients). ``condition`` (``only_if``) gates its
+    updates; ``accumulators`` hold the sums of an entry that ``accumulate``s."""
 
     name: str
     beats: tuple[BoundBeat, ...]
@@ -113,6 +116,9 @@ class BoundGroup:
     repeat: int = 1
     every: int = 1
     combine: Callable | None = None
+    condition: Condition | None = None
+    accumulate: int = 1
+    accumulators: Accumulators | None = None
 
     @classmethod
     def alone(cls, beat: BoundBeat) -> BoundGroup:
@@ -196,11 +202,13 @@ def on_rows(loss: tf.Tensor, weight: tf.Tensor | None) -> tf.Tensor:
 @attrs.frozen
 class BoundUpdate:
     """An update or act of the step, bound: ``writes`` are the model variables it owns;
-    an ``EMA`` or ``Copy`` has its ``(target, source)`` variable ``pairs``."""
+    an ``EMA`` or ``Copy`` has its ``(target, source)`` variable ``pairs``; ``condition``
+    is its bound ``only_if``."""
 
     entry: NonGradient
     writes: tuple[keras.Variable, ...] = ()
     pairs: tuple[tuple[keras.Variable, keras.Variable], ...] = ()
+    condition: Condition | None = None
 
     @property
     def name(self) -> str:

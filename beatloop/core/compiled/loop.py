@@ -115,6 +115,10 @@ class CompiledLoop:
         distributed: bool = False,
         trace_now: bool = True,
     ):
+        #: What applies the sums of accumulating entries at an epoch's end (``flush``).
+        self._flush = None
+        if getattr(step, "accumulates", False):
+            self._flush = tf.function(step.flush, autograph=False) if compiled else step.flush
         if jit_compile and compiled:
             # XLA compiles the step; the loop around it pulls from the iterator, which
             # XLA cannot compile. A new batch shape (a short last batch) compiles anew.
@@ -254,6 +258,12 @@ class CompiledLoop:
         status, checks, size = tf.cond(next_batch.has_value(), run, nothing)
         self.advance(tf.cast(next_batch.has_value(), tf.int64), size)
         return status, checks
+
+    def flush(self) -> None:
+        """Apply the gradient sums the step's accumulating entries hold (at an epoch's
+        end: ``beatloop.core.compiled.accumulation``); nothing for a step without."""
+        if self._flush is not None:
+            self._flush()
 
     def __call__(self, iterator, limit: int | None = None) -> CallResult:
         """Run up to ``limit`` (at most K) steps and say how many ran and why it stopped."""

@@ -16,6 +16,9 @@ import tensorflow as tf
 
 #: Prefix of the last step's value of a beat's loss in ``on_execution_end``'s logs.
 LAST = "last_"
+#: Suffix of the figure that counts a gated beat's updates in an epoch (``only_if``,
+#: ``accumulate``).
+UPDATES = "_updates"
 
 
 class LastValue(keras.metrics.Metric):
@@ -46,7 +49,9 @@ class StepMetrics:
 
     With ``last`` (training), each beat's last step's value too: logged instead of the
     mean for the beats named in ``last_logged`` (``Beat(log="last")``), and offered to
-    ``on_execution_end`` as ``last_`` + name for every beat."""
+    ``on_execution_end`` as ``last_`` + name for every beat. The beats named in
+    ``counted`` (those with ``only_if`` or ``accumulate``) also log how many updates they
+    made, as name + ``_updates``."""
 
     def __init__(
         self,
@@ -56,17 +61,20 @@ class StepMetrics:
         *,
         last: bool = False,
         last_logged: Iterable[str] = (),
+        counted: Iterable[str] = (),
     ):
         beat_names = list(beat_names)
         self.prefix = prefix
         self.losses = {name: keras.metrics.Mean(name=prefix + name) for name in beat_names}
         self.last = {name: LastValue(name=LAST + name) for name in beat_names} if last else {}
+        self.updates = {name: keras.metrics.Sum(name=name + UPDATES) for name in counted}
         self.metrics = dict(metrics)
         last_logged = set(last_logged)
         logged = {
             name: self.last[name] if name in last_logged else mean
             for name, mean in self.losses.items()
         }
+        logged |= {name + UPDATES: count for name, count in self.updates.items()}
         pairs = (*logged.items(), *self.metrics.items())
         self._named = {prefix + name: metric for name, metric in pairs}
         self._with_last = self._named | {LAST + name: m for name, m in self.last.items()}
@@ -74,9 +82,11 @@ class StepMetrics:
     def only(self, beat_names: Iterable[str]) -> StepMetrics:
         """The same metrics, logging only ``beat_names``' figures and the recipe's (what
         one phase of a run logs: its own beats')."""
+        beat_names = list(beat_names)
         keep = {self.prefix + name for name in beat_names} | {
             self.prefix + name for name in self.metrics
         }
+        keep |= {self.prefix + name + UPDATES for name in beat_names}
         kept = {LAST + name for name in beat_names}
         view = copy.copy(self)
         view._named = {name: m for name, m in self._named.items() if name in keep}
@@ -105,10 +115,16 @@ class StepMetrics:
         if self.last:
             self.last[beat_name].take(value, weight)
 
+    def count_updates(self, beats, count: tf.Tensor) -> None:
+        """Add ``count`` (1.0 or 0.0: whether they updated) to the beats' update counts
+        (in compiled code)."""
+        for beat in beats:
+            self.updates[beat.name].update_state(count)
+
     def reset(self) -> None:
-        """Start the means and the recipe's metrics again (each epoch); the last values
-        stay, so a beat with ``every=n`` shows the last step it ran."""
-        for metric in (*self.losses.values(), *self.metrics.values()):
+        """Start the means, update counts and the recipe's metrics again (each epoch);
+        the last values stay, so a beat with ``every=n`` shows the last step it ran."""
+        for metric in (*self.losses.values(), *self.updates.values(), *self.metrics.values()):
             metric.reset_state()
 
     def named(self, last: bool = False) -> dict[str, keras.metrics.Metric]:
@@ -119,7 +135,7 @@ class StepMetrics:
     def variables(self) -> list:
         """The means' and the recipe's metrics' state variables, for checkpoints (Keras 3
         metrics are not TensorFlow trackables themselves; their variables are)."""
-        metrics = (*self.losses.values(), *self.metrics.values())
+        metrics = (*self.losses.values(), *self.updates.values(), *self.metrics.values())
         return [v for metric in metrics for v in metric.variables]
 
     def last_variables(self) -> list:

@@ -23,6 +23,8 @@ from beatloop.core.compiled.bound import (
     on_rows,
     weighted,
 )
+from beatloop.core.compiled.conditional import apply_when, holds
+from beatloop.core.compiled.gated import asked, flush_sums, gated_update, unless
 from beatloop.core.compiled.gradient_probe import GradientProbe
 from beatloop.core.compiled.metrics import StepMetrics
 from beatloop.core.compiled.numerics import (
@@ -102,34 +104,58 @@ class TrainStep:
     def on_replica(self, batch: Batch, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         size = leading_dimension(batch)
         share, random = replica_view(self.strategy, self.bound.random, size)
-        outputs, checks = {}, []
+        outputs, checks, updated = {}, [], {}
         for group in self.bound.entries:
             if isinstance(group, BoundUpdate):  # no loss: no row of checks
-                self.run_update(group, batch, random, step)
+                self.run_update(group, batch, random, step, updated)
                 continue
             if group.every == 1:
-                group_outputs, rows = self.run_group(group, batch, size, share, random, step)
+                group_outputs, rows, applied = self.run_group(
+                    group, batch, size, share, random, step
+                )
                 outputs.update(group_outputs)
-            else:
+            elif group.condition is None and group.accumulators is None:
                 rows = tf.cond(
                     tf.equal(step % group.every, 0),
                     lambda g=group: self.run_group(g, batch, size, share, random, step)[1],
                     lambda g=group: no_checks(len(g.beats)),
                 )
+                applied = lambda g=group: tf.equal(step % g.every, 0)  # noqa: E731
+            else:
+                rows, applied = tf.cond(
+                    tf.equal(step % group.every, 0),
+                    lambda g=group: self.run_group(g, batch, size, share, random, step)[1:],
+                    lambda g=group: (no_checks(len(g.beats)), tf.constant(False)),
+                )
+            updated[group.name] = applied
             checks.append(rows)
         call_user(self.update_metrics, "metric update", None, self.metrics.metrics, batch, outputs)
         return (checks[0] if len(checks) == 1 else tf.concat(checks, axis=0)), size
 
-    def run_update(self, update: BoundUpdate, batch, random, step) -> None:
+    def run_update(self, update: BoundUpdate, batch, random, step, updated=None) -> None:
         """An update, on this replica (a mirrored target assigned from mirrored sources
         gets the same value on every replica), or an act, once for all replicas; on
-        steps its ``every`` selects."""
+        steps its ``every`` selects, while its condition holds (``updated``: whether
+        each beat or group updated in this step, for a condition naming one)."""
         if update.kind == "act" and self.strategy is not None:
             self.run_act_once(update, batch, step)
             return
 
-        def run():
+        def assign():
             update.run(self.bound.models, batch, random=random, state=self.bound.state)
+
+        def run():
+            condition = update.condition
+            if condition is None:
+                assign()
+            elif condition.after is not None:
+                applied = (updated or {})[condition.after]
+                applied = applied() if callable(applied) else tf.convert_to_tensor(applied)
+                apply_when(applied, assign, update.writes)
+            else:
+                calls = (self.bound.models, batch)
+                now = holds(condition, *calls, random=random, state=self.bound.state, loss=None)
+                apply_when(now, assign, update.writes)
             return tf.constant(0)
 
         if update.every == 1:
@@ -154,11 +180,12 @@ class TrainStep:
     def run_group(self, group: BoundGroup, batch, size, share, random, step):
         """One entry of the step, ``repeat`` times: every beat's gradients from the same
         state, then each beat's transform, update, constraint and loss metrics. Returns
-        the last repeat's outputs and the entry's rows of checks. On a replica the losses
-        are weighted by its ``share`` of the batch, or of their own batch."""
+        the last repeat's outputs, the entry's rows of checks and whether it updated
+        (``True`` when it always does). On a replica the losses are weighted by its
+        ``share`` of the batch, or of their own batch."""
         losses = {beat.name: [] for beat in group.beats}
         squares = {beat.name: [] for beat in group.beats}
-        outputs = {}
+        outputs, applied = {}, False
         batch_weight = None if share is None else share.weight
         for repeat in range(group.repeat):
             since = declared(random)
@@ -176,27 +203,54 @@ class TrainStep:
             gradients = [even_sparse(grads, size, self.gathering) for grads in gradients]
             weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
             figure = figure_size(size, share, batch_weight, weight)
+            holds_now = self.asked(group, batch, random, (values, gradients, weight))
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 check_gradients(beat, grads)
                 scaled = loss_scale(beat.optimizer) is not None
-                if self.debug:
+                if self.debug and (holds_now is None or bool(holds_now)):
                     check_finite(beat.name, loss, grads, step, scaled)
-                losses[beat.name].append(self._checked_loss(loss, weight))
+                # A turn whose condition is false updates nothing: nothing of it to check.
+                losses[beat.name].append(unless(holds_now, self._checked_loss(loss, weight)))
                 # Under loss scaling an overflowing gradient is expected now and then: the
                 # optimizer skips that update and lowers the scale, so only the loss counts.
                 if not scaled:
-                    squares[beat.name].extend(gradient_squares(grads))
+                    squares[beat.name].extend(unless(holds_now, g) for g in gradient_squares(grads))
             if self.debug and self.divergence is not None and repeat == group.repeat - 1:
                 for beat in group.beats:  # the step's loss is whole: before its last update
                     self.divergence.check_eager(beat, tf.add_n(losses[beat.name]), step)
+            if group.condition is not None or group.accumulators is not None:
+                rows = size if share is None else share.total
+                now = gated_update(group, gradients, holds_now, rows, self.metrics)
+                applied = tf.logical_or(applied, now)
+                for beat, loss in zip(group.beats, values, strict=True):
+                    self.metrics.update_loss(beat.name, on_rows(loss, weight), figure)
+                continue
             if group.combine is not None:
                 apply_combined(group, gradients)
             for beat, loss, grads in zip(group.beats, values, gradients, strict=True):
                 if group.combine is None:
                     apply_update(beat, grads)
                 self.metrics.update_loss(beat.name, on_rows(loss, weight), figure)
+            applied = True
         rows = [beat_checks(losses[b.name], squares[b.name]) for b in group.beats]
-        return outputs, tf.stack(rows)
+        return outputs, tf.stack(rows), applied
+
+    def flush(self) -> tuple[tf.Tensor, ...]:
+        """Apply the sums accumulating entries hold (an epoch's end: see
+        ``beatloop.core.compiled.accumulation``)."""
+        return on_replicas(self.strategy, flush_sums, self.bound.groups, self.metrics)
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether an entry of the step accumulates (an epoch's end then flushes it)."""
+        return any(group.accumulators is not None for group in self.bound.groups)
+
+    def asked(self, group: BoundGroup, batch, random, turn) -> tf.Tensor | None:
+        """Whether ``group``'s condition holds at this turn (``None``: it has none)."""
+        if group.condition is None:
+            return None
+        state, gathering = self.bound.state, self.gathering
+        return asked(group, self.bound.models, batch, random, state, turn, gathering)
 
     def _checked_loss(self, loss: tf.Tensor, weight) -> tf.Tensor:
         """A loss as the checks take it: as it is (zero on a replica with no rows), or on

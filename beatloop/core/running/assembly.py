@@ -15,6 +15,7 @@ import tensorflow as tf
 from beatloop.core.compiled.binding import BoundSchedule
 from beatloop.core.compiled.building import build_unbuilt
 from beatloop.core.compiled.counters import Counters
+from beatloop.core.compiled.gating import condition_methods, counted_beats
 from beatloop.core.compiled.gradient_probe import raise_found, run_probes
 from beatloop.core.compiled.loop import CompiledLoop
 from beatloop.core.compiled.metrics import StepMetrics
@@ -131,9 +132,9 @@ def _assemble(
         check_every(strategy, bounds, label)
         beats = [beat for bound in bounds for beat in bound.beats]  # a phase's after another's
         beat_names = list(dict.fromkeys(beat.name for beat in beats))
-        last_logged = [beat.name for beat in beats if beat.log == "last"]
+        logged = {"last_logged": [b.name for b in beats if b.log == "last"], "last": True}
         train_metrics = StepMetrics(
-            beat_names, recipe.build_metrics(), last=True, last_logged=last_logged
+            beat_names, recipe.build_metrics(), counted=counted_beats(bounds), **logged
         )
         validation_metrics = StepMetrics(beat_names, recipe.build_metrics(), prefix="val_")
     # Like the counters, outside the replicas: updated on the checks summed over them.
@@ -345,4 +346,5 @@ def _bind(
             supplied=frozenset(recipe.supplied_models),
             state=state,
             probe=probe,
+            methods=condition_methods(recipe, schedule),
         )

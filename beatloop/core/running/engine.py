@@ -178,6 +178,7 @@ class Engine:
         self.callbacks.fire("epoch_start", run, epoch)
         if self._train_epoch(done) == 0:
             raise DataError(f"the training data set gave no batches in epoch {epoch}")
+        self.parts.train_loop.flush()  # an accumulation's last, partial update
         logs = self.parts.train_metrics.results()
         if self.stream.has_validation:
             logs.update(self.validate(run))

@@ -47,6 +47,9 @@ RECIPE_STATE = "recipe_state"
 #: The checkpoint key of the divergence guard's window (only a run with the guard on
 #: writes it).
 DIVERGENCE = "divergence"
+#: The part holding the gradient sums of accumulating entries, in checkpoints of runs
+#: that have them.
+ACCUMULATED = "accumulated"
 
 
 class RunCheckpoints:
@@ -69,6 +72,7 @@ class RunCheckpoints:
         last_values: Sequence = (),
         divergence: Sequence = (),
         recipe_state: Mapping[str, tf.Variable] | None = None,
+        accumulated: Sequence = (),
         max_to_keep: int = 3,
         read_from: Path | None = None,
     ):
@@ -92,6 +96,8 @@ class RunCheckpoints:
             self._parts[DIVERGENCE] = list(divergence)
         if recipe_state:  # a recipe without state writes checkpoints as before
             self._parts[RECIPE_STATE] = dict(recipe_state)
+        if accumulated:  # gradient sums part-way through an accumulation (``accumulate=``)
+            self._parts[ACCUMULATED] = list(accumulated)
         self.checkpoint = tf.train.Checkpoint(**self._parts)
         self.max_to_keep = max_to_keep
         #: Whether each checkpoint is readable, as far as this process knows: those it
@@ -318,6 +324,20 @@ def run_checkpoints(
         last_values=parts.train_metrics.last_variables(),
         divergence=[v for guard in parts.guards() for v in guard.variables()],
         recipe_state=parts.bound.state,
+        accumulated=_accumulated(parts),
         max_to_keep=options.max_to_keep,
         read_from=None if read_dir is None else Path(read_dir) / "checkpoints",
     )
+
+
+def _accumulated(parts) -> list:
+    """The variables of every phase's gradient sums (``accumulate=``), for checkpoints."""
+    phased = parts.phased
+    bounds = [part.bound for part in phased.parts] if phased is not None else [parts.bound]
+    return [
+        variable
+        for bound in bounds
+        for group in bound.groups
+        if group.accumulators is not None
+        for variable in group.accumulators.variables
+    ]

@@ -11,13 +11,14 @@ object: binding them to built models is ``beatloop.core.compiled.binding``'s job
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import attrs
 import tensorflow as tf
 
 from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.schedule.conditions import check_condition, condition_words
 from beatloop.core.schedule.transforms import (  # noqa: F401  (the built-in transforms' old home)
     ClipByGlobalNorm,
     ClipByNorm,
@@ -106,6 +107,11 @@ class Beat:
     the updated variables after it. ``log`` chooses the figure logged under the beat's name:
     ``"mean"`` (its loss averaged over the epoch's steps and repeats, weighted by batch
     size, as Keras's loss tracker) or ``"last"`` (the last step's last repeat).
+    ``only_if`` (a recipe method's name or a function ``fn(models, batch)`` or
+    ``fn(models, batch, loss)`` returning a scalar boolean) is asked at the beat's turn,
+    after its loss and gradients: when false nothing changes (no update, no optimizer
+    step). ``accumulate=N`` sums the gradients of N turns (weighted by their batch sizes)
+    and applies them once, as one update on the N batches together (docs/schedules.md).
     """
 
     loss: str = attrs.field(validator=_identifier)
@@ -124,6 +130,8 @@ class Beat:
     log: Literal["mean", "last"] = attrs.field(
         default="mean", validator=attrs.validators.in_(("mean", "last"))
     )
+    only_if: str | Callable | None = attrs.field(default=None, validator=check_condition)
+    accumulate: int = attrs.field(default=1, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
@@ -140,7 +148,7 @@ class Beat:
             f"{self.name}: loss={self.loss} optimizer={self.optimizer}",
             f"updates={','.join(self.updates)}",
         ]
-        parts += _rhythm(self.repeat, self.every)
+        parts += _rhythm(self.repeat, self.every, self.only_if, self.accumulate)
         if self.transform is not None:
             parts.append(_transform_words(self.transform))
         parts += _modes(self.training)
@@ -158,9 +166,12 @@ def _transform_words(transform) -> str:
     return f"transform={described(transform)}"
 
 
-def _rhythm(repeat: int, every: int) -> list[str]:
-    """How often a beat or group runs, in ``describe()``'s words (nothing if once a step)."""
-    return [f"{n}={v}" for n, v in (("repeat", repeat), ("every", every)) if v != 1]
+def _rhythm(repeat: int, every: int, only_if=None, accumulate: int = 1) -> list[str]:
+    """How often a beat or group runs and updates, in ``describe()``'s words (nothing if
+    once a step, unconditionally)."""
+    counts = (("repeat", repeat), ("every", every))
+    words = [f"{n}={v}" for n, v in counts if v != 1] + condition_words(only_if)
+    return words + ([f"accumulate={accumulate}"] if accumulate != 1 else [])
 
 
 def _modes(training: tuple[str, ...] | None) -> list[str]:
@@ -174,8 +185,8 @@ def _grouped_beats(instance, attribute, value) -> None:
     for beat in value:
         if not isinstance(beat, Beat):
             raise TypeError(f"a group holds Beat values, got {type(beat).__name__}")
-        per_beat = [f for f in ("repeat", "every") if getattr(beat, f) != 1]
-        per_beat += ["training"] if beat.training is not None else []
+        per_beat = [f for f in ("repeat", "every", "accumulate") if getattr(beat, f) != 1]
+        per_beat += [f for f in ("training", "only_if") if getattr(beat, f) is not None]
         if per_beat:
             raise ValueError(
                 f"beat {beat.name!r} sets {', '.join(per_beat)}, but in a group the beats "
@@ -193,7 +204,9 @@ class Group:
     as ``(outputs, batch)``. ``training``, ``repeat`` and ``every`` work as on a
     ``Beat``, for the whole group: ``training=None`` runs the models any of its
     beats update in training mode; ``repeat`` runs forward, gradients and updates again;
-    ``every=N`` runs the group on steps 0, N, 2N, ... of the run.
+    ``every=N`` runs the group on steps 0, N, 2N, ... of the run; ``only_if`` and
+    ``accumulate`` gate and combine the updates of all its beats (its condition's
+    ``loss`` is a dict of its beats' losses by name).
 
     ``combine``, a callable ``fn(gradients, variables) -> gradients`` (e.g. ``PCGrad()``),
     turns the beats' gradients of the variables two or more of them update into one
@@ -211,6 +224,8 @@ class Group:
         default=None, converter=attrs.converters.optional(_as_tuple)
     )
     combine: GradientTransform | None = attrs.field(default=None)
+    only_if: str | Callable | None = attrs.field(default=None, validator=check_condition)
+    accumulate: int = attrs.field(default=1, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
         if self.name is None:
@@ -221,7 +236,8 @@ class Group:
     def describe(self) -> str:
         """One line: the group, its forward, then each beat in brackets."""
         parts = [f"{self.name}: simultaneous forward={self.forward}"]
-        parts += [*_rhythm(self.repeat, self.every), *_modes(self.training)]
+        rhythm = _rhythm(self.repeat, self.every, self.only_if, self.accumulate)
+        parts += [*rhythm, *_modes(self.training)]
         if self.combine is not None:
             parts.append(f"combine={described(self.combine)}")
         parts.extend(f"[{beat.describe()}]" for beat in self.beats)

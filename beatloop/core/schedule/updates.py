@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.schedule.conditions import check_condition, condition_words
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -123,7 +124,10 @@ class Update:
     model variable ``fn`` assigns outside ``writes`` is refused at bind (its function is
     traced once). ``name`` defaults to the function's name: a lambda needs ``name=``.
     ``every`` runs it on the steps whose number (counted from 0 over the whole run,
-    across epochs and resumes) is a multiple of ``every``: 0, N, 2N, ..."""
+    across epochs and resumes) is a multiple of ``every``: 0, N, 2N, ...; ``only_if``
+    (on ``Update``, ``EMA`` and ``Copy`` alike) runs it only when a condition holds: a
+    beat's (or group's) name ties it to that entry having updated in this step, a recipe
+    method's name or a function ``fn(models, batch)`` is asked at its turn."""
 
     fn: Callable = attrs.field(validator=_takes("models"))
     name: str = attrs.field(default=None)
@@ -131,13 +135,15 @@ class Update:
     writes: tuple[str, ...] = attrs.field(
         default=(), converter=_selector_tuple, validator=_selectors
     )
+    only_if: str | Callable | None = attrs.field(default=None, validator=check_condition)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "name", _name_of(self, self.fn))
 
     def describe(self) -> str:
         writes = ",".join(self.writes) or "(no model variables)"
-        return f"{self.name}: update fn={qualname(self.fn)} writes={writes} every={self.every}"
+        described = f"{self.name}: update fn={qualname(self.fn)} writes={writes} every={self.every}"
+        return " ".join([described, *condition_words(self.only_if)])
 
 
 @attrs.frozen
@@ -152,6 +158,7 @@ class EMA:
     decay: float = attrs.field(validator=_fraction)
     name: str = attrs.field(default=None)
     every: int = attrs.field(default=1, validator=_positive)
+    only_if: str | Callable | None = attrs.field(default=None, validator=check_condition)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "name", _name_of(self, self.target.partition(":")[0]))
@@ -161,10 +168,11 @@ class EMA:
         return (self.target,)
 
     def describe(self) -> str:
-        return (
+        described = (
             f"{self.name}: EMA source={self.source} target={self.target} "
             f"decay={self.decay:g} every={self.every}"
         )
+        return " ".join([described, *condition_words(self.only_if)])
 
 
 @attrs.frozen
@@ -177,6 +185,7 @@ class Copy:
     target: str = attrs.field(validator=_selector)
     name: str = attrs.field(default=None)
     every: int = attrs.field(default=1, validator=_positive)
+    only_if: str | Callable | None = attrs.field(default=None, validator=check_condition)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "name", _name_of(self, self.target.partition(":")[0]))
@@ -186,7 +195,8 @@ class Copy:
         return (self.target,)
 
     def describe(self) -> str:
-        return f"{self.name}: Copy source={self.source} target={self.target} every={self.every}"
+        described = f"{self.name}: Copy source={self.source} target={self.target}"
+        return " ".join([f"{described} every={self.every}", *condition_words(self.only_if)])
 
 
 @attrs.frozen
