@@ -41,6 +41,9 @@ class SupervisedConfig:
     )
     learning_rate: float = setting(1e-3, "the optimizer's learning rate", _positive)
     batch_size: int = setting(32, "batch size of the built-in data", _positive)
+    accumulate: int = setting(
+        1, "batches whose gradients make one update (gradient accumulation)", _positive
+    )
     validation_fraction: float = setting(
         0.2,
         "share of the built-in data held out for validation",
@@ -95,7 +98,10 @@ class Supervised(Recipe):
         return {"loss": self.cross_entropy}
 
     def schedule(self) -> Schedule:
-        return Schedule(Beat(loss="loss", optimizer="optimizer", updates="model"))
+        accumulate = self.config.accumulate
+        return Schedule(
+            Beat(loss="loss", optimizer="optimizer", updates="model", accumulate=accumulate)
+        )
 
     def cross_entropy(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         logits = models["model"](batch["x"])
