@@ -229,17 +229,55 @@ class ThresholdGan(beatloop.Recipe):
         return loss > self.threshold
 
 
-def hand_written_threshold_gan(data, epochs: int, *, seed: int, threshold: float):
-    """The threshold GAN as a ``tf.function`` loop; returns the models and how many
-    discriminator updates it made."""
+def hand_written_threshold_gan(
+    data, epochs: int, *, seed: int, threshold: float | None, accumulate: int = 1
+):
+    """The threshold GAN as a ``tf.function`` loop (``threshold=None``: the
+    discriminator always trains; ``accumulate``: its gradients summed over that many
+    steps, by rows, and applied once); returns the models and how many discriminator
+    updates it made."""
     models = gan_models()
     generator, discriminator = models["generator"], models["discriminator"]
     d_opt, g_opt = (keras.optimizers.Adam(2e-3, beta_1=0.5) for _ in "dg")
     noise_source = tf.random.Generator.from_seed(seed)
     updates = tf.Variable(0, dtype=tf.int64)
+    d_vars = discriminator.trainable_variables
+    d_opt.build(d_vars)
+    sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in d_vars]
+    rows = tf.Variable(0.0, trainable=False)
+    turns = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-    class Calls(dict):  # models called in the modes the beats give them
-        pass
+    def apply_sums():
+        rows_now = rows.read_value()
+        d_opt.apply([s.read_value() / rows_now for s in sums], d_vars)
+        updates.assign_add(1)
+        for s in sums:
+            s.assign(tf.zeros_like(s))
+        rows.assign(0.0)
+        turns.assign(tf.zeros([], tf.int64))
+        return tf.constant(True)
+
+    def discriminator_update(d_grads, d_loss, n):
+        if accumulate > 1:
+            size = tf.cast(n, tf.float32)
+            for s, g in zip(sums, d_grads, strict=True):
+                s.assign_add(g * size)
+            rows.assign_add(size)
+            turns.assign_add(1)
+            tf.cond(turns >= accumulate, apply_sums, lambda: tf.constant(False))
+            return
+
+        def update():
+            d_opt.apply(d_grads, d_vars)
+            updates.assign_add(1)
+            return tf.constant(True)
+
+        holds = tf.constant(True) if threshold is None else d_loss > threshold
+        tf.cond(holds, update, lambda: tf.constant(False))
+
+    @tf.function(autograph=False)
+    def flush():
+        return tf.cond(turns > 0, apply_sums, lambda: tf.constant(False))
 
     @tf.function(autograph=False)
     def step(x):
@@ -251,14 +289,8 @@ def hand_written_threshold_gan(data, epochs: int, *, seed: int, threshold: float
                 "discriminator": lambda v: discriminator(v, training=True),
             }
             d_loss = discriminator_loss(calls, x, noise)
-        d_grads = tape.gradient(d_loss, discriminator.trainable_variables)
-
-        def update():
-            d_opt.apply(d_grads, discriminator.trainable_variables)
-            updates.assign_add(1)
-            return tf.constant(True)
-
-        tf.cond(d_loss > threshold, update, lambda: tf.constant(False))
+        d_grads = tape.gradient(d_loss, d_vars)
+        discriminator_update(d_grads, d_loss, n)
         with tf.GradientTape() as tape:
             calls = {
                 "generator": lambda z: generator(z, training=True),
@@ -271,6 +303,8 @@ def hand_written_threshold_gan(data, epochs: int, *, seed: int, threshold: float
     for _ in range(epochs):
         for batch in data:
             step(batch["x"])
+        if accumulate > 1:
+            flush()
     return models, int(updates.numpy())
 
 

@@ -10,23 +10,35 @@ import json
 import signal
 from pathlib import Path
 
+import attrs
 import keras
 import numpy as np
 import pytest
-from gated_recipes import Classifier, digit_batches, hand_written_classifier
+from gated_recipes import (
+    Classifier,
+    ThresholdGan,
+    digit_batches,
+    hand_written_classifier,
+    hand_written_threshold_gan,
+)
 from helpers import (
     all_weights,
     assert_same_weights,
+    finish_all,
+    gan_data,
     history_records,
+    load_npz,
     run_python,
     start_python,
     worker,
 )
 
 import beatloop
+from beatloop.cli.workers import free_ports
 
 WORKERS = Path(__file__).parent / "workers"
 gated_run = worker("gated_run")
+gated_mirrored = worker("gated_mirrored")
 
 OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.1),
@@ -82,6 +94,17 @@ def test_the_clip_sees_the_accumulated_gradient_and_any_k_gives_the_same_run():
     # clipping each micro-batch's gradient instead would not be the same run
     unclipped = fit(Classifier(make, accumulate=4), digit_batches(8), epochs=2)
     assert largest_difference(ours, all_weights(unclipped.models)) > 1e-3
+
+
+def test_a_gan_accumulating_on_its_discriminator_only_equals_the_hand_written_loop():
+    """The discriminator sums 3 steps' gradients (8 steps an epoch: updates after steps
+    3, 6 and the epoch's last two); the generator updates every step."""
+    data = gan_data(128, 16)
+    result = fit(ThresholdGan(accumulate=3, only_if=None), data, epochs=2, seed=5)
+    theirs, updates = hand_written_threshold_gan(data, 2, seed=5, threshold=None, accumulate=3)
+    assert updates == 6 and result.history["d_loss_updates"] == [3.0, 3.0]
+    assert int(result.bound.optimizers["g_opt"].iterations) == 16
+    assert_same_weights(all_weights(result.models), all_weights(theirs))
 
 
 def test_mixed_precision_scales_the_sum_once():
@@ -188,3 +211,54 @@ def test_accumulation_and_conditions_on_two_replicas_equal_one_device(tmp_path):
         assert figures["max_difference"] < 1e-6, name
         assert figures["updates_one"] == figures["updates_two"], name
     assert 0 < report["runs"]["only_if"]["updates_one"][0] < 25
+
+
+def test_a_phase_accumulates_and_show_prints_it(capsys):
+    """The probe phase of a recipe in phases sums 2 of its 5 batches an epoch: 3
+    updates an epoch (2, 2 and the last batch alone); the pretraining phase counts none."""
+    from phased_recipe import PretrainThenProbe
+
+    from beatloop.cli import main
+
+    class Accumulating(PretrainThenProbe):
+        name = "pretrain_then_accumulate_test"
+
+        def schedule(self):
+            phases = super().schedule()
+            probe = phases.phases[1]
+            beat = attrs.evolve(probe.schedule.beats[0], accumulate=2)
+            schedule = attrs.evolve(probe.schedule, beats=(beat,))
+            return beatloop.Phases(phases.phases[0], attrs.evolve(probe, schedule=schedule))
+
+    result = beatloop.fit(Accumulating, epochs=4, seed=0, progress=False,
+                          config={"pretrain_epochs": 2})  # fmt: skip
+    assert result.history["probe_updates"][-2:] == [3.0, 3.0]
+    assert int(result.bound.optimizers["probe"].iterations) == 6
+    assert main(["show", "supervised", "--set", "accumulate=4"]) == 0
+    assert "1. loss: loss=loss optimizer=optimizer updates=model accumulate=4" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.slow
+def test_a_condition_and_accumulation_on_two_worker_processes_equal_one_device(tmp_path):
+    """MultiWorkerMirroredStrategy, two processes on 127.0.0.1: the condition (of the
+    global batch) agreed by both workers, the sums summed over them."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
+    configs = [{"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(2)]
+    script = WORKERS / "gated_mirrored.py"
+    processes = [
+        start_python(script, "--worker", out, TF_CONFIG=json.dumps(config))
+        for out, config in zip(outputs, configs, strict=True)
+    ]
+    try:  # the one-device run in this process while the workers train
+        single = gated_mirrored.worker_run()
+    finally:
+        finish_all(processes, timeout=240)
+    first, second = (load_npz(path) for path in outputs)
+    assert list(first.pop("updates")) == single.history["loss_updates"] == [6.0, 6.0]
+    second.pop("updates")
+    assert_same_weights(first, second)
+    assert largest_difference(first, all_weights(single.models)) < 1e-6

@@ -1,7 +1,10 @@
 """Gated beats on one device and on a MirroredStrategy over two logical CPUs (same
 global batch), for ``test_accumulate.py``: ``python gated_mirrored.py OUT``. Writes,
 per run, the largest weight difference between the two, how far training moved the
-weights and each run's update counts per epoch, to OUT (JSON)."""
+weights and each run's update counts per epoch, to OUT (JSON). ``python
+gated_mirrored.py --worker OUT``: one worker of a MultiWorkerMirroredStrategy (TF_CONFIG
+from the environment) training ``only_if_accumulate_clip``, its weights and update
+counts to OUT (.npz); ``worker_run`` is the same run on one device, in-process."""
 
 from __future__ import annotations
 
@@ -51,6 +54,20 @@ def largest(a, b) -> float:
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
+def worker_run(strategy=None):
+    """The multi-worker test's run: a condition of the global batch, accumulation and a
+    clip, with a strategy (each worker) or without (the reference)."""
+    recipe, data, _ = RUNS["only_if_accumulate_clip"]
+    return beatloop.fit(recipe(), data=data(), epochs=2, seed=3, strategy=strategy,
+                        progress=False, steps_per_execution=4)  # fmt: skip
+
+
+def save_worker(out: str) -> None:
+    result = worker_run(tf.distribute.MultiWorkerMirroredStrategy())
+    counts = np.array(result.history["loss_updates"])
+    np.savez(out, **all_weights(result.models), updates=counts)
+
+
 def main(out: str) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -74,4 +91,7 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--worker":
+        save_worker(sys.argv[2])
+    else:
+        main(sys.argv[1])
