@@ -6,7 +6,11 @@ global-norm clipping and a Keras Adam on a linearly falling learning rate. The t
 benchmarks/ppo_step.py times the two side by side.
 
 It shares nothing with the recipe but the environment (the "data") and the config
-values: acting, GAE, shuffling and the losses are written out here again.
+values: acting, GAE, shuffling and the losses are written out here again. With
+``target_kl`` it stops a rollout's updates as CleanRL's PPO does: after each pass over
+the minibatches, if the approximate KL its last minibatch's loss computed (before that
+minibatch's update) is above ``target_kl``, the rollout's remaining passes take no
+update (their steps still come, one a call, and compute their loss).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class HandWrittenPpo:
             "epoch_episodes": tf.constant(0.0), "epoch_return": tf.constant(0.0),
         }  # fmt: skip
         initial |= {f"env_{k}": tf.stack([v] * N) for k, v in env.initial_state().items()}
+        if c.target_kl is not None:  # CleanRL's break out of the passes, and its approx_kl
+            initial |= {"kl_stopped": tf.constant(0), "last_approx_kl": tf.constant(0.0)}
         self.state = {k: tf.Variable(v, trainable=False) for k, v in initial.items()}
         self.step = tf.function(self.train_step, autograph=False)
 
@@ -117,6 +123,9 @@ class HandWrittenPpo:
         for k, v in got.items():
             s[k].assign(v)
         s["order"].assign(tf.argsort(self.random.uniform([c.update_epochs, T * N]), axis=1))
+        if c.target_kl is not None:
+            s["kl_stopped"].assign(0)
+            s["last_approx_kl"].assign(0.0)
         return tf.constant(0)
 
     def write_advantages(self, got: dict, last: tf.Tensor) -> None:
@@ -139,7 +148,9 @@ class HandWrittenPpo:
             advantage = (advantage - mean) / (tf.sqrt(var) + 1e-8)
         s["advantage"].assign(advantage)
 
-    def loss(self) -> tf.Tensor:
+    def loss(self) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """The minibatch's loss and, with ``target_kl``, its approximate KL (CleanRL's
+        ``approx_kl``, before this minibatch's update)."""
         c, s = self.config, self.state
         size = c.envs * c.rollout_steps // c.minibatches
         k = (s["updates"] - 1) % self.per_rollout
@@ -164,7 +175,10 @@ class HandWrittenPpo:
             err = tf.maximum(err, tf.square(kept - target))
         v_loss = 0.5 * tf.reduce_mean(err)
         entropy = -tf.reduce_mean(tf.reduce_sum(tf.exp(logp) * logp, axis=1))
-        return pg - c.entropy_coef * entropy + c.value_coef * v_loss
+        loss = pg - c.entropy_coef * entropy + c.value_coef * v_loss
+        if c.target_kl is None:
+            return loss, None
+        return loss, tf.stop_gradient(tf.reduce_mean((ratio - 1.0) - diff))
 
     def train_step(self) -> tf.Tensor:
         s = self.state
@@ -172,11 +186,35 @@ class HandWrittenPpo:
         tf.cond(new, self.gather_rollout, lambda: tf.constant(0))
         s["updates"].assign_add(1)
         with tf.GradientTape() as tape:
-            loss = self.loss()
+            loss, approx_kl = self.loss()
         grads = tape.gradient(loss, self.weights)
         grads, _ = tf.clip_by_global_norm(grads, self.config.max_grad_norm)
-        self.optimizer.apply(grads, self.weights)
+        if self.config.target_kl is None:
+            self.optimizer.apply(grads, self.weights)
+        else:
+            self.update_unless_stopped(grads, approx_kl)
         return loss
+
+    def update_unless_stopped(self, grads, approx_kl) -> None:
+        """CleanRL's ``target_kl``: the update unless this rollout's passes are over;
+        after a pass's last minibatch, its approx_kl above the target ends them."""
+        c, s = self.config, self.state
+        going = tf.equal(s["kl_stopped"].read_value(), 0)
+
+        def update():
+            self.optimizer.apply(grads, self.weights)
+            return tf.constant(0)
+
+        tf.cond(going, update, lambda: tf.constant(0))
+        k = (s["updates"] - 1) % self.per_rollout
+        pass_ends = tf.logical_and(going, tf.equal(k % c.minibatches, c.minibatches - 1))
+
+        def end_of_pass():
+            s["last_approx_kl"].assign(approx_kl)
+            s["kl_stopped"].assign(tf.cast(approx_kl > c.target_kl, tf.int32))
+            return tf.constant(0)
+
+        tf.cond(pass_ends, end_of_pass, lambda: tf.constant(0))
 
     def fit(self, epochs: int) -> list[float]:
         """``epochs`` epochs; each epoch's mean return of the episodes it finished (its

@@ -3,7 +3,10 @@
 evaluation leaving everything as it was; a run SIGKILLed while collecting or while
 updating resuming bit-identical; batched environments (the built-ins' vectorised ops
 equal to the generic per-copy ones, plugins' stepped by the generic ones); a short run
-learning what a random policy does not; and clear config errors."""
+learning what a random policy does not; and clear config errors. With ``target_kl``,
+CleanRL's early stop on the approximate KL: bit-identical to the hand-written loop
+stopping as CleanRL does, printed as the beat's ``only_if``, resumed after a SIGKILL
+while a rollout is stopped."""
 
 from __future__ import annotations
 
@@ -104,6 +107,73 @@ def test_the_recipe_equals_the_hand_written_ppo_bit_for_bit(steps_per_execution,
     rate = float(engine.bound.optimizers["adam"].learning_rate.numpy())
     falling = recipe.config.anneal_rollouts  # 8 rollouts of 4 updates: 24 of 32 taken
     assert rate == pytest.approx(1e-3 * (1 - 24 / 32) if falling else 1e-3, rel=1e-6)
+
+
+#: Updates big enough for the approximate KL to pass a small target: four passes over each
+#: rollout at a learning rate of 1e-2 (SMALL's 2 rollouts an epoch, 8 steps each).
+KL_STOP = {"update_epochs": 4, "learning_rate": 1e-2, "target_kl": 1e-3}
+
+
+@pytest.mark.parametrize(
+    "steps_per_execution, overrides",
+    [
+        (1, KL_STOP),
+        (3, {**KL_STOP, "shared_torso": True, "clip_value": False}),
+        (4, {**KL_STOP, "minibatches": 1, "target_kl": 5e-4}),
+    ],
+    ids=["cartpole-K1", "shared-unclipped-K3", "one-minibatch-K4"],
+)
+def test_target_kl_stops_a_rollouts_passes_as_the_hand_written_cleanrl_rule_does(
+    steps_per_execution, overrides
+):
+    """After each pass over a rollout's minibatches, the approximate KL its last
+    minibatch's loss computed (before that update) above ``target_kl`` ends the
+    rollout's passes: their steps run, their updates are not taken."""
+    recipe = recipe_of(**overrides)
+    engine, hand, history = engine_and_hand_loop(recipe, steps_per_execution=steps_per_execution)
+    engine.fit(EPOCHS)
+    hand_returns = hand.fit(EPOCHS)
+    per_epoch, per_pass = recipe.steps_per_epoch, recipe.config.minibatches
+    assert int(engine.counters.step) == EPOCHS * per_epoch
+    assert_same_weights(all_weights(engine.bound.models), all_weights(hand.networks))
+    for name, variable in engine.bound.state.items():  # kl_stopped and last_approx_kl too
+        np.testing.assert_array_equal(variable.numpy(), hand.state[name].numpy(), err_msg=name)
+    assert set(engine.bound.state) == set(hand.state)
+    np.testing.assert_array_equal(engine.bound.random.state.numpy(), hand.random.state.numpy())
+    adam = engine.bound.optimizers["adam"]
+    for ours, theirs in zip(adam.variables, hand.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    np.testing.assert_array_equal(history.history["train_return"], hand_returns)
+    updates = history.history["ppo_updates"]
+    assert sum(updates) == int(adam.iterations) == int(hand.optimizer.iterations)
+    assert updates[0] < per_epoch and sum(updates) < EPOCHS * per_epoch  # it stopped early
+    first_passes = recipe.config.rollouts_per_epoch * per_pass  # every rollout takes its first
+    assert all(first_passes <= u <= per_epoch and u % per_pass == 0 for u in updates), updates
+    assert np.isfinite(history.history["approx_kl"]).all()
+
+
+def test_target_kl_is_the_beats_only_if_and_without_it_nothing_changes(capsys):
+    from beatloop.cli.cmd_show import _show_state
+
+    gated = recipe_of(target_kl=0.01).schedule().describe()
+    assert "ppo: loss=ppo optimizer=adam updates=policy,value only_if=within_target_kl" in gated
+    plain = recipe_of().schedule().describe()
+    assert "only_if" not in plain and plain == recipe_of(target_kl=None).schedule().describe()
+    assert gated.replace(" only_if=within_target_kl", "") == plain
+    _show_state(recipe_of(target_kl=0.01))
+    out = capsys.readouterr().out
+    assert "  kl_stopped: () int32" in out and "  last_approx_kl: () float32" in out
+    _show_state(recipe_of())
+    assert "kl" not in capsys.readouterr().out
+
+
+def test_a_target_kl_that_is_not_positive_is_a_config_error():
+    for bad in (0, 0.0, -0.01):
+        with pytest.raises(beatloop.ConfigError, match=r"'target_kl' must be > 0"):
+            beatloop.make_recipe("ppo", {"target_kl": bad})
+    with pytest.raises(beatloop.ConfigError, match=r"'target_kl' expects float \| None"):
+        beatloop.make_recipe("ppo", {"target_kl": "small"})
+    assert beatloop.make_recipe("ppo", {"target_kl": 1}).config.target_kl == 1.0
 
 
 def test_gae_follows_its_definition():
@@ -287,6 +357,41 @@ def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(
     assert_same_weights(ppo_run.final(resumed), ppo_run.final(full))
     history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
     assert history[0] == history[1]  # train_return and greedy_return included
+
+
+@pytest.mark.slow
+def test_a_ppo_run_killed_while_target_kl_stops_a_rollout_resumes_bit_identical(
+    tmp_path, killable_cartpole
+):
+    """KL_STOP's rollouts of 8 steps take 4, 4, 8, 4, 4, 4 updates: the 4th rollout
+    (steps 25 to 32) stops at step 28, where a checkpoint (every 14 steps) is written;
+    the kill after step 30 loses two skipped steps, and the resumed run skips steps 29
+    to 32 again from the checkpointed ``kl_stopped``."""
+    spec = {"epochs": EPOCHS, "seed": SEED, "checkpoint_every": 14, "steps_per_execution": 2}
+    spec["config"] = {**SMALL, **KL_STOP, "env": "killable_cartpole"}
+    killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
+    killed = start_python(WORKER, json.dumps({**spec, "kill_at": 30, "run_dir": killed_dir}))
+    try:
+        full = ppo_run.fit({**spec, "run_dir": full_dir})
+    finally:
+        _, err = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, err
+    assert full.history["ppo_updates"] == [8.0, 12.0, 8.0]
+    assert len(Path(killed_dir, "history.jsonl").read_text().splitlines()) == 1
+    first = []  # (step, kl_stopped, Adam's iterations) at the resumed run's first call
+
+    class First(beatloop.Callback):
+        def on_execution_end(self, run, steps, logs):
+            if not first:
+                stopped = int(run.bound.state["kl_stopped"].numpy())
+                first.append((run.step, stopped, int(run.bound.optimizers["adam"].iterations)))
+
+    resumed = ppo_run.fit({**spec, "run_dir": killed_dir}, [First()])
+    assert resumed.resumed_from is not None and resumed.steps == EPOCHS * 16
+    assert first == [(30, 1, 20)]  # from step 28: steps 29 and 30 skipped again
+    assert_same_weights(ppo_run.final(resumed), ppo_run.final(full))
+    history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
+    assert history[0] == history[1]  # ppo_updates included
 
 
 def test_evaluate_on_the_run_dir_changes_nothing(tmp_path):

@@ -86,6 +86,7 @@ def _show_variables(recipe, schedule, state=None) -> None:
     """The variables each beat updates (and each update writes) in the recipe's default
     models, or why they cannot be shown (no built-in data, no models built, a required
     model not built); ``state``: the recipe's, which the binding probe's losses read."""
+    from beatloop.core.compiled.gating import condition_methods
     from beatloop.core.compiled.phased import bind_schedule
     from beatloop.core.schedule.phases import Phases, schedules_of
 
@@ -102,7 +103,7 @@ def _show_variables(recipe, schedule, state=None) -> None:
     optimizers, losses = recipe.build_optimizers(), recipe.losses()
     bounds = bind_schedule(
         schedule, models, optimizers, losses, supplied=supplied, forwards=recipe.forwards(),
-        state=state,
+        state=state, methods=condition_methods(recipe, schedule),
     )  # fmt: skip
     print(title)
     phases = schedule.phases if isinstance(schedule, Phases) else ()

@@ -6,10 +6,12 @@ copies, actions sampled with the run's generator; ``beatloop.recipes.ppo_rollout
 whenever the previous rollout's ``update_epochs`` x ``minibatches`` updates are done,
 computes GAE advantages and returns, and draws the shuffles of its minibatches; the beat
 takes the clipped surrogate, a value loss and an entropy bonus on the next minibatch,
-its gradients clipped to a global norm. The rollout, the environments, the shuffles
-and the counters are recipe state, so a checkpoint (mid-rollout or mid-update) holds
-all of it. Advantages are normalised over the whole rollout, so a minibatch split over
-replicas is the one-device minibatch.
+its gradients clipped to a global norm. With ``target_kl`` the beat updates only until
+CleanRL's early stop on the approximate KL ends the rollout's passes
+(``within_target_kl``). The rollout, the environments, the shuffles and the counters
+(the early stop's too) are recipe state, so a checkpoint (mid-rollout or mid-update)
+holds all of it. Advantages are normalised over the whole rollout, so a minibatch split
+over replicas is the one-device minibatch.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ class PpoConfig:
     entropy_coef: float = setting(0.01, "weight of the entropy bonus", _non_negative)
     max_grad_norm: float = setting(0.5, "gradients clipped to this global norm", _positive)
     normalize_advantages: bool = setting(True, "advantages to mean 0, std 1 over the rollout")
+    target_kl: float | None = setting(
+        None,
+        "stop a rollout's remaining passes once a pass ends with its last minibatch's "
+        "approximate KL above this (CleanRL's target_kl; None: never)",
+        attrs.validators.optional(_positive),
+    )
     validation_batches: int = setting(
         1, "batches of the validation loss (the last minibatch under the weights now)", _positive
     )
@@ -197,7 +205,19 @@ class Ppo(Recipe):
                 "epoch_episodes": variable(tf.constant(0.0)),
                 "epoch_return": variable(tf.constant(0.0)),
             }
+            | self.early_stop_state()
         )
+
+    def early_stop_state(self) -> dict[str, tf.Variable]:
+        """With ``target_kl``: whether this rollout's remaining updates are stopped
+        (``kl_stopped``, 0 or 1) and the approximate KL of the last pass's last minibatch
+        (``last_approx_kl``), both reset when a rollout is collected; nothing without."""
+        if self.config.target_kl is None:
+            return {}
+        return {
+            "kl_stopped": tf.Variable(tf.constant(0), trainable=False),
+            "last_approx_kl": tf.Variable(tf.constant(0.0), trainable=False),
+        }
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
         c = self.config
@@ -212,18 +232,24 @@ class Ppo(Recipe):
     def schedule(self) -> Schedule:
         updates = "agent" if self.config.shared_torso else ("policy", "value")
         clip = ClipByGlobalNorm(self.config.max_grad_norm)
-        learn = Beat(loss="ppo", optimizer="adam", updates=updates, transform=clip)
+        gate = {} if self.config.target_kl is None else {"only_if": "within_target_kl"}
+        learn = Beat(loss="ppo", optimizer="adam", updates=updates, transform=clip, **gate)
         return Schedule([Act(self.act, name="act"), learn])
 
     # -- acting -------------------------------------------------------------------------
     def act(self, models, batch) -> None:
         """A new rollout when the last one's updates are all taken (the first step's
-        too); then the update about to be taken is counted."""
+        too; with ``target_kl`` its early stop cleared); then the update about to be
+        taken is counted."""
         state, c = models.state, self.config
 
         def collect():
             heads = lambda x: self.heads(models, x, training=False)  # noqa: E731
-            return rollout.collect(self.environment, c, heads, state, models.random)
+            collected = rollout.collect(self.environment, c, heads, state, models.random)
+            if c.target_kl is not None:  # a new rollout: its passes start unstopped
+                state["kl_stopped"].assign(0)
+                state["last_approx_kl"].assign(0.0)
+            return collected
 
         due = tf.equal(state["updates"] % c.updates_per_rollout, 0)
         tf.cond(due, collect, lambda: tf.constant(0))
@@ -235,12 +261,8 @@ class Ppo(Recipe):
         minibatch of the rollout: a batch the loss makes itself (``models.own_batch``),
         so on N replicas each computes its share of the one minibatch."""
         state, c = models.state, self.config
-        taken = (state["updates"] - 1) % c.updates_per_rollout
-        size = c.minibatch_size
-        epoch, part = taken // c.minibatches, taken % c.minibatches
-        rows = state["order"][tf.cast(epoch, tf.int32)]
-        rows = tf.slice(rows, [tf.cast(part, tf.int32) * size], [size])
-        rows = models.own_batch(size).take(rows)
+        rows = self.minibatch_rows(state)
+        rows = models.own_batch(c.minibatch_size).take(rows)
 
         def take(key):
             flat = tf.reshape(state[key], [-1, *state[key].shape[2:]])
@@ -265,6 +287,53 @@ class Ppo(Recipe):
             "value_loss": value_loss,
         }
         return {"loss": loss} | {k: tf.stop_gradient(v) for k, v in figures.items()}
+
+    def minibatch_rows(self, state) -> tf.Tensor:
+        """The rows of the rollout (of its ``T x N``) in this step's minibatch: the
+        ``part``-th slice of the ``epoch``-th pass's shuffle (the act counted the update)."""
+        c = self.config
+        taken = (state["updates"] - 1) % c.updates_per_rollout
+        size = c.minibatch_size
+        epoch, part = taken // c.minibatches, taken % c.minibatches
+        rows = state["order"][tf.cast(epoch, tf.int32)]
+        return tf.slice(rows, [tf.cast(part, tf.int32) * size], [size])
+
+    def within_target_kl(self, models, batch) -> tf.Tensor:
+        """The ``ppo`` beat's condition with ``target_kl``: CleanRL's early stop. The
+        update is taken unless this rollout is stopped (``kl_stopped``). At a pass's
+        last minibatch, the approximate KL ``mean((ratio - 1) - log ratio)`` of that
+        minibatch under the weights before its update (the loss's ``approx_kl``, computed
+        again here on the whole minibatch) is kept (``last_approx_kl``); above
+        ``target_kl``, this update is still taken but the rollout's remaining passes are
+        not (CleanRL breaks out of its epochs loop after the pass). Their steps still run
+        and compute their losses; the next rollout starts unstopped (``act``)."""
+        state, c = models.state, self.config
+        going = tf.equal(state["kl_stopped"].read_value(), 0)
+        taken = (state["updates"] - 1) % c.updates_per_rollout
+        last = tf.equal(taken % c.minibatches, c.minibatches - 1)
+
+        def check():
+            kl = self.approx_kl(models, state, self.minibatch_rows(state))
+            state["last_approx_kl"].assign(kl)
+            state["kl_stopped"].assign(tf.cast(kl > c.target_kl, tf.int32))
+            return tf.constant(0)
+
+        tf.cond(tf.logical_and(going, last), check, lambda: tf.constant(0))
+        return going
+
+    def approx_kl(self, models, state, rows) -> tf.Tensor:
+        """The approximate KL from the rollout's policy to the policy now over ``rows``
+        of the rollout, as the loss computes it (its ``approx_kl``)."""
+
+        def take(key):
+            flat = tf.reshape(state[key], [-1, *state[key].shape[2:]])
+            return tf.gather(flat, rows)
+
+        logits, _ = self.heads(models, take("observation"))
+        log_probabilities = tf.nn.log_softmax(logits)
+        log_ratio = rollout.chosen(log_probabilities, take("action")) - take("log_prob")
+        ratio = tf.exp(log_ratio)
+        return tf.reduce_mean((ratio - 1.0) - log_ratio)
 
     def value_loss(self, value, old_value, returns) -> tf.Tensor:
         """Half the mean squared error to the returns; with ``clip_value`` the larger of
