@@ -102,6 +102,7 @@ _EXPORTS = {
     "CsvLogger": "beatloop.callbacks.standard",
     "EarlyStopping": "beatloop.callbacks.standard",
     "TensorBoard": "beatloop.callbacks.tensorboard",
+    "Profiler": "beatloop.callbacks.profiler",
     # errors
     "BeatloopError": "beatloop.core.failures.errors",
     "ConfigError": "beatloop.core.failures.errors",
@@ -180,6 +181,7 @@ moved.install()
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; never executed
+    from beatloop.callbacks.profiler import Profiler
     from beatloop.callbacks.standard import (
         CsvLogger,
         EarlyStopping,

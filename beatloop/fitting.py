@@ -17,6 +17,7 @@ import attrs
 import keras
 import tensorflow as tf
 
+from beatloop.callbacks.profiler import Profiler
 from beatloop.callbacks.standard import History, JsonLinesLogger, ProgressBar
 from beatloop.core.compiled.phased import updates_by_beat
 from beatloop.core.data.batches import (
@@ -95,6 +96,7 @@ def fit(
     precision: str = "float32",
     strategy: tf.distribute.Strategy | None = None,
     accept_changed_data: bool = False,
+    profile: tuple[int, int] | str | None = None,
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
@@ -123,7 +125,10 @@ def fit(
     ``callbacks``: beatloop callbacks and Keras callbacks (``keras.callbacks.Callback``),
     a Keras one seeing the recipe's primary model and its optimizer, or those named with
     ``beatloop.keras_callback(callback, model=..., optimizer=...)``; its state is not
-    checkpointed ([Keras callbacks](keras-callbacks.md)).
+    checkpointed ([Keras callbacks](keras-callbacks.md)). ``profile=(start, stop)``
+    records a TensorFlow profiler trace of training steps ``start`` to ``stop - 1``
+    (counted from 0 over the run) into ``RUN_DIR/tensorboard`` (``beatloop.Profiler``:
+    calls end at the range's edges, so the trace holds exactly those steps at any K).
 
     With ``run_dir``, the run checkpoints there at each epoch's end (and every
     ``checkpoint_every`` steps, keeping ``max_to_keep``), and a run dir that already
@@ -170,6 +175,13 @@ def fit(
     beats](schedules.md#simultaneous-beats-one-forward-several-updates)).
     """
     _check_counts(epochs, seed)
+    if profile is not None:
+        callbacks = [*callbacks, Profiler(profile)]
+        if run_dir is None:
+            raise ConfigError(
+                "profile needs a run_dir: its trace goes to RUN_DIR/tensorboard (or pass "
+                "beatloop.Profiler(steps, log_dir=...) as a callback)"
+            )
     options = _engine_options(
         steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch,
         checkpoint_every=checkpoint_every, max_to_keep=max_to_keep, on_nan=on_nan,

@@ -76,6 +76,13 @@ def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--max-to-keep", type=int, default=3, metavar="N", help="checkpoints kept")
     run.add_argument(
+        "--profile",
+        default=None,
+        metavar="START:STOP",
+        help="record a TensorFlow profiler trace of training steps START to STOP-1 (counted "
+        "from 0 over the run) into RUN_DIR/tensorboard, for TensorBoard's profile tab",
+    )
+    run.add_argument(
         "--on-nan",
         choices=("raise", "rollback"),
         default="raise",
@@ -182,7 +189,7 @@ def run(args) -> int:
         on_nan=args.on_nan, max_rollbacks=args.max_rollbacks, divergence=args.divergence,
         divergence_window=args.divergence_window, jit_compile=args.jit_compile,
         precision=args.precision, strategy=chosen, data=data_option(args),
-        accept_changed_data=args.accept_changed_data,
+        accept_changed_data=args.accept_changed_data, profile=args.profile,
     )  # fmt: skip
     _print_result(args, cls.name, result, run_dir)
     return 0

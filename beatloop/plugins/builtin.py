@@ -25,6 +25,7 @@ def register_recipes() -> list[type]:
 
 @hookimpl
 def register_callbacks() -> list[type]:
+    from beatloop.callbacks.profiler import Profiler
     from beatloop.callbacks.standard import (
         CsvLogger,
         EarlyStopping,
@@ -34,7 +35,10 @@ def register_callbacks() -> list[type]:
     )
     from beatloop.callbacks.tensorboard import TensorBoard
 
-    return [ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard, TrainingTimer]
+    return [
+        ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard, TrainingTimer,
+        Profiler,
+    ]  # fmt: skip
 
 
 @hookimpl

@@ -196,6 +196,13 @@ class Callback:
     def on_exception(self, run: Run, error: BaseException) -> None:
         """When the run stops with an exception (it is re-raised afterwards)."""
 
+    def next_boundary(self, run: Run) -> int | None:
+        """The next step number (counted from 0 over the run, above ``run.step``) at
+        which a compiled call must end, so that this callback's events fall exactly there
+        (a profiled range's edges); ``None``: calls may end anywhere. Calls are shortened
+        to meet it; the weights do not depend on where calls end."""
+        return None
+
     def checkpoint_state(self) -> dict | None:
         """JSON-able state this callback needs to resume with, saved in every checkpoint
         (``None``: nothing to save). Override with ``restore_state``."""
@@ -239,6 +246,9 @@ class CallbackList:
             ]
             for event in EVENTS
         }
+        self._bounding = [
+            c for c in self.callbacks if type(c).next_boundary is not Callback.next_boundary
+        ]
 
     def fire(self, event: str, *args) -> None:
         """Call every listener of ``event``, in order; an exception from one is raised
@@ -248,6 +258,16 @@ class CallbackList:
                 listener(*args)
             except Exception as error:
                 raise reported(error, callback, event)  # noqa: B904 (chained there)
+
+    def next_boundary(self, run: Run) -> int | None:
+        """The nearest step ahead of ``run.step`` at which some callback wants a call to
+        end (``Callback.next_boundary``), ``None`` when none does."""
+        if not self._bounding:  # no step read between calls unless someone asks
+            return None
+        step = run.step
+        wanted = [b for c in self._bounding if (b := c.next_boundary(run)) is not None]
+        ahead = [b for b in wanted if b > step]
+        return min(ahead) if ahead else None
 
     def _keyed(self) -> dict[str, Callback]:
         """Each callback under its class path and its rank among callbacks of its class."""

@@ -203,6 +203,9 @@ class Engine:
                 limit = min(limit, target - done)
             if self.pace.auto:  # checkpoints at exact multiples, whatever K is being tried
                 limit = min(limit, self.recovery.steps_before_due() or limit)
+            boundary = self.callbacks.next_boundary(run)  # e.g. a profiled range's edge
+            if boundary is not None:
+                limit = min(limit, boundary - run.step)
             started = time.perf_counter()
             self.callbacks.fire("execution_start", run)
             with (
