@@ -263,14 +263,8 @@ class Ppo(Recipe):
         state, c = models.state, self.config
         rows = self.minibatch_rows(state)
         rows = models.own_batch(c.minibatch_size).take(rows)
-
-        def take(key):
-            flat = tf.reshape(state[key], [-1, *state[key].shape[2:]])
-            return tf.gather(flat, rows)
-
-        logits, value = self.heads(models, take("observation"))
-        log_probabilities = tf.nn.log_softmax(logits)
-        log_ratio = rollout.chosen(log_probabilities, take("action")) - take("log_prob")
+        take = rollout_rows(state, rows)
+        log_probabilities, log_ratio, value = self.policy_change(models, take)
         ratio = tf.exp(log_ratio)
         advantage = take("advantage")
         clipped = tf.clip_by_value(ratio, 1.0 - c.clip, 1.0 + c.clip)
@@ -324,16 +318,17 @@ class Ppo(Recipe):
     def approx_kl(self, models, state, rows) -> tf.Tensor:
         """The approximate KL from the rollout's policy to the policy now over ``rows``
         of the rollout, as the loss computes it (its ``approx_kl``)."""
-
-        def take(key):
-            flat = tf.reshape(state[key], [-1, *state[key].shape[2:]])
-            return tf.gather(flat, rows)
-
-        logits, _ = self.heads(models, take("observation"))
-        log_probabilities = tf.nn.log_softmax(logits)
-        log_ratio = rollout.chosen(log_probabilities, take("action")) - take("log_prob")
+        _, log_ratio, _ = self.policy_change(models, rollout_rows(state, rows))
         ratio = tf.exp(log_ratio)
         return tf.reduce_mean((ratio - 1.0) - log_ratio)
+
+    def policy_change(self, models, take) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """On the rollout's rows ``take`` gives: the policy's log-probabilities now, the
+        log-ratio of the actions taken against the rollout's, and the critic's values."""
+        logits, value = self.heads(models, take("observation"))
+        log_probabilities = tf.nn.log_softmax(logits)
+        log_ratio = rollout.chosen(log_probabilities, take("action")) - take("log_prob")
+        return log_probabilities, log_ratio, value
 
     def value_loss(self, value, old_value, returns) -> tf.Tensor:
         """Half the mean squared error to the returns; with ``clip_value`` the larger of
@@ -394,3 +389,13 @@ class Ppo(Recipe):
     def inference_models(self, models):
         names = ("agent",) if self.config.shared_torso else ("policy", "value")
         return {name: models[name] for name in names}
+
+
+def rollout_rows(state, rows):
+    """``take(key)``: the rollout record ``key``'s rows ``rows`` (of its ``T x N``)."""
+
+    def take(key):
+        flat = tf.reshape(state[key], [-1, *state[key].shape[2:]])
+        return tf.gather(flat, rows)
+
+    return take
