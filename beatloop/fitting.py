@@ -97,6 +97,7 @@ def fit(
     strategy: tf.distribute.Strategy | None = None,
     accept_changed_data: bool = False,
     profile: tuple[int, int] | str | None = None,
+    keep_best: str | None = None,
 ) -> FitResult:
     """Train ``recipe`` for ``epochs`` and return its history and trained models.
 
@@ -159,6 +160,14 @@ def fit(
     ``divergence_window`` steps (fewer at the start: from its second step on; a median
     of zero never fires). The window is checkpointed with the run.
 
+    ``keep_best="val_loss:min"`` (``"FIGURE:max"``; ``"FIGURE"`` alone is ``min``;
+    ``"quality"``: the recipe's ``quality_figure``) keeps the epoch-end checkpoint of the
+    best epoch by that figure beside the newest ``max_to_keep`` (not counted among them),
+    until a better epoch's replaces it; ``run.json`` names it (``"best"``: figure, mode,
+    epoch, value, checkpoint) and ``restore(run_dir, best=True)`` restores it. A figure
+    the run does not log is refused before training, naming those it does. Off by
+    default; on a resume, omitted, the run's own goes on (another is refused).
+
     Bits: a run ends with the weights of any other run of the same recipe, config, seed
     and data on the same machine, in a fresh process or after other work in this one,
     the recipe given by name or as an instance, resumed or not: its models, optimizers
@@ -186,8 +195,10 @@ def fit(
         steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch,
         checkpoint_every=checkpoint_every, max_to_keep=max_to_keep, on_nan=on_nan,
         max_rollbacks=max_rollbacks, jit_compile=jit_compile, precision=precision,
-        divergence=divergence, divergence_window=divergence_window,
+        divergence=divergence, divergence_window=divergence_window, keep_best=keep_best,
     )  # fmt: skip
+    if keep_best is not None and run_dir is None:
+        raise ConfigError("keep_best keeps a checkpoint, so it needs a run_dir")
     run_path = None if run_dir is None else Path(run_dir)
     worker = worker_of(strategy)
     if run_path is not None and worker.is_chief:
@@ -298,8 +309,9 @@ def _fit_events_only(engine: Engine, history: History, epochs: int) -> None:
     engine.callbacks.fire("fit_end", engine.run, logs)
 
 
-def restore(run_dir: str | Path, data=None) -> FitResult:
-    """The run in ``run_dir`` as it stands at its latest checkpoint, without training:
+def restore(run_dir: str | Path, data=None, *, best: bool = False) -> FitResult:
+    """The run in ``run_dir`` as it stands at its latest checkpoint (``best=True``: at
+    the best epoch's checkpoint, kept with ``keep_best``), without training:
     its models, optimizers and history, ready to ``export``, ``evaluate`` or inspect. The
     recipe is rebuilt by name (it must be registered) with its recorded config and seed,
     on ``data`` (as ``fit`` takes it, a function ``data(recipe, seed)`` included: what
@@ -312,14 +324,16 @@ def restore(run_dir: str | Path, data=None) -> FitResult:
         data = data(recipe, stored.seed)
     split = _built_in_split(run_path, recipe, stored) if data is None else as_data_split(data)
     history = History()
-    engine = _restored_engine(run_path, stored, recipe, split, [history])
-    return _result(engine, history)
+    engine = _restored_engine(run_path, stored, recipe, split, [history], best=best)
+    result = _result(engine, history)
+    return attrs.evolve(result, checkpoint=engine.run.resumed_from) if best else result
 
 
 def evaluate(
-    run_dir: str | Path, data=None, *, steps_per_execution: int | str = "auto"
+    run_dir: str | Path, data=None, *, steps_per_execution: int | str = "auto", best: bool = False
 ) -> dict[str, float]:
-    """The validation figures of the run in ``run_dir`` at its latest checkpoint: every
+    """The validation figures of the run in ``run_dir`` at its latest checkpoint
+    (``best=True``: at the best epoch's, kept with ``keep_best``): every
     beat's loss and every metric, models in inference mode, over ``data`` (a batched
     ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, like the validation data ``fit``
     takes; ``None``: the run's own validation data, that of the data source its
@@ -335,9 +349,8 @@ def evaluate(
     stored = _stored_record(run_path, "evaluate")
     recipe = _recorded_recipe(stored)
     options = _engine_options(steps_per_execution=steps_per_execution)
-    engine = _restored_engine(
-        run_path, stored, recipe, _evaluation_split(run_path, recipe, stored, data), [], options
-    )
+    split = _evaluation_split(run_path, recipe, stored, data)
+    engine = _restored_engine(run_path, stored, recipe, split, [], options, best=best)
     return engine.evaluate(data)
 
 
@@ -354,9 +367,11 @@ def _recorded_recipe(stored) -> Recipe:
 
 
 def _restored_engine(
-    run_path: Path, stored, recipe: Recipe, split, callbacks, options=None
+    run_path: Path, stored, recipe: Recipe, split, callbacks, options=None, best=False
 ) -> Engine:
-    """An engine of the recorded run on ``split``, its latest checkpoint restored."""
+    """An engine of the recorded run on ``split``, its latest checkpoint restored (its
+    best epoch's with ``best``)."""
+    checkpoint = _best_checkpoint(run_path) if best else None
     keras.utils.set_random_seed(stored.seed)
     engine = Engine(
         recipe,
@@ -368,8 +383,20 @@ def _restored_engine(
         label=registry().describe_origin(stored.recipe),
         trains=False,  # its training loop traced only if it is ever called
     )
-    engine.resume()
+    engine.resume(checkpoint)
     return engine
+
+
+def _best_checkpoint(run_path: Path) -> str:
+    """The name of the best epoch's checkpoint ``run.json`` records (``keep_best``)."""
+    best = read_run_json(run_path / "run.json").get("best")
+    if not isinstance(best, dict) or not best.get("checkpoint"):
+        raise CheckpointError(
+            f"the run in {run_path} keeps no best epoch (its run.json names none): it was "
+            "trained without keep_best (--keep-best), or has not finished an epoch with it; "
+            "leave out best (--best) for its latest checkpoint"
+        )
+    return best["checkpoint"]
 
 
 def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit:
@@ -520,7 +547,18 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int, facts=None) -> N
         resumed_from=engine.run.resumed_from,
         updates=updates_by_beat(engine.parts.phased or (engine.bound,)),
         **facts,
+        **_best_facts(engine),
     )
+
+
+def _best_facts(engine: Engine) -> dict:
+    """What ``run.json`` says of ``keep_best``: the figure and mode (what a replay
+    passes again) and the best epoch so far; nothing for a run without it."""
+    keeper = engine.recovery.best
+    if not keeper.on:
+        return {}
+    facts = {"keep_best": ":".join(keeper.asked)}
+    return facts if keeper.best is None else {**facts, "best": dict(keeper.best)}
 
 
 def _result(engine: Engine, history: History) -> FitResult:

@@ -7,8 +7,8 @@ a ``[config]`` table of the recipe's fields, ``callbacks = ["csv"]``, a ``[model
 table (``teacher = "teacher.keras"``) and a ``[data_set]`` table of the data source's
 parameters. The command's own flags override the file, and ``--set`` overrides its
 ``[config]``. A recorded ``run.json`` gives its recipe, config, seed, epochs, precision,
-steps per execution, checkpoint interval and the data named on the command line: the
-same run again, bit for bit.
+steps per execution, checkpoint interval, ``--keep-best`` figure and the data named on
+the command line: the same run again, bit for bit.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from beatloop.core.running.pacing import steps_per_execution
 
 #: What a recorded run.json gives a replay, by the run command's option names.
 RECORDED = ("recipe", "config", "seed", "epochs", "precision", "steps_per_execution",
-            "checkpoint_every")  # fmt: skip
+            "checkpoint_every", "keep_best")  # fmt: skip
 
 
 @attrs.frozen

@@ -28,6 +28,11 @@ def add_command(commands) -> None:
         "records, read again, else the recipe's built-in validation data)",
     )
     add_data_set_option(evaluate, "a parameter of the --data source (repeatable)")
+    evaluate.add_argument(
+        "--best",
+        action="store_true",
+        help="at the best epoch's checkpoint (kept with run --keep-best) instead of the latest",
+    )
 
 
 def run(args) -> int:
@@ -35,7 +40,7 @@ def run(args) -> int:
     exact), on the ``--data`` source's every example or the run's validation data."""
     from beatloop.fitting import evaluate
 
-    figures = evaluate(args.run_dir, _evaluation_data(args))
+    figures = evaluate(args.run_dir, _evaluation_data(args), best=args.best)
     width = max(map(len, figures), default=0)
     for name, value in figures.items():
         print(f"{name:<{width}}  {value!r}")

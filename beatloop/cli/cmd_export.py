@@ -27,6 +27,11 @@ def add_command(commands) -> None:
         "matter",
     )
     add_data_set_option(export, "a parameter of the --data source (repeatable)")
+    export.add_argument(
+        "--best",
+        action="store_true",
+        help="from the best epoch's checkpoint (kept with run --keep-best) instead of the latest",
+    )
 
 
 def run(args) -> int:
@@ -34,7 +39,7 @@ def run(args) -> int:
     from beatloop.fitting import restore
 
     check_export_dir(args.out)  # before the run is rebuilt, and before anything is written
-    result = restore(args.run_dir, _training_data(args))
+    result = restore(args.run_dir, _training_data(args), best=args.best)
     print(f"{result.recipe.name}: restored {result.checkpoint} (step {result.steps})")
     for name, path in result.export(args.out).items():
         print(f"{name}: {path}")

@@ -76,11 +76,20 @@ def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--max-to-keep", type=int, default=3, metavar="N", help="checkpoints kept")
     run.add_argument(
+        "--keep-best",
+        default=None,
+        metavar="FIGURE:MODE",
+        help="also keep the checkpoint of the best epoch by FIGURE (FIGURE:min or FIGURE:max, "
+        "e.g. val_loss:min; FIGURE alone: min; quality: the recipe's quality figure) beside "
+        "the --max-to-keep newest; run.json names it (default: off; on a resume, the run's)",
+    )
+    run.add_argument(
         "--profile",
         default=None,
         metavar="START:STOP",
         help="record a TensorFlow profiler trace of training steps START to STOP-1 (counted "
-        "from 0 over the run) into RUN_DIR/tensorboard, for TensorBoard's profile tab",
+        "from 0 over the run) into RUN_DIR/tensorboard, for TensorBoard's profile tab "
+        "(default: none)",
     )
     run.add_argument(
         "--on-nan",
@@ -190,6 +199,7 @@ def run(args) -> int:
         divergence_window=args.divergence_window, jit_compile=args.jit_compile,
         precision=args.precision, strategy=chosen, data=data_option(args),
         accept_changed_data=args.accept_changed_data, profile=args.profile,
+        keep_best=args.keep_best,
     )  # fmt: skip
     _print_result(args, cls.name, result, run_dir)
     return 0

@@ -29,6 +29,7 @@ from beatloop.core.events.run import Run
 from beatloop.core.failures.errors import ConfigError, DataError
 from beatloop.core.feeding.stream import DataStream, epoch_length
 from beatloop.core.running.assembly import assemble
+from beatloop.core.running.best import best_keeper
 from beatloop.core.running.evaluation import Evaluation
 from beatloop.core.running.options import EngineOptions
 from beatloop.core.running.pacing import AUTO, EVALUATION_STEPS, pace_for
@@ -87,7 +88,7 @@ class Engine:
         self.recovery = Recovery(
             run_checkpoints(parts, run_dir, options, read_dir), parts.record, options=options,
             cluster=Cluster(strategy, read_dir or run_dir), callbacks=self.callbacks,
-            counters=parts.counters, metrics=parts.train_metrics,
+            counters=parts.counters, metrics=parts.train_metrics, best=best_keeper(self),
         )  # fmt: skip
         self.run = Run(
             recipe=recipe, bound=parts.bound, counters=parts.counters, run_dir=run_dir,
@@ -130,11 +131,11 @@ class Engine:
         """The run dir's checkpoints (``None`` without a run dir)."""
         return self.recovery.checkpoints
 
-    def resume(self) -> str | None:
-        """Restore the latest readable checkpoint in the run dir, if there is one, and
-        return its path (``fit`` calls this first; calling it again does nothing)."""
+    def resume(self, checkpoint: str | None = None) -> str | None:
+        """Restore the latest readable checkpoint in the run dir (``checkpoint``: that
+        one), if there is one, and return its path (``fit`` calls this first; again: no-op)."""
         if self.run.resumed_from is None:
-            self.run.resumed_from = self.recovery.resume()
+            self.run.resumed_from = self.recovery.resume(checkpoint)
             if self.run.resumed_from is not None:
                 self.stream.reposition()
                 enter_phase(self, int(self.parts.counters.epoch))
@@ -186,7 +187,7 @@ class Engine:
             self.stream.end_pass()  # each epoch is one pass over the data
         counters.end_epoch()
         self.callbacks.fire("epoch_end", run, epoch, logs)  # figures, then writers
-        self.recovery.save()
+        self.recovery.save(logs)
         self.recovery.stop_if_interrupted()
         return logs
 

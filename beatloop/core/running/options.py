@@ -68,6 +68,9 @@ class EngineOptions:
     XLA. ``precision``: ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's
     models under that Keras policy (float32 variables, half-precision compute; outputs
     reach the losses as float32), and for float16 wraps every optimizer in loss scaling.
+    ``keep_best``: keep the checkpoint of the best epoch by a figure (``"val_loss:min"``,
+    ``"FIGURE:max"``, ``"quality"``: the recipe's ``quality_figure``; ``None``: off, or on
+    a resume the run's own) beside the newest ``max_to_keep`` (``core/running/best.py``).
     """
 
     steps_per_execution: int | str = attrs.field(default=1, validator=_steps_per_execution)
@@ -86,6 +89,9 @@ class EngineOptions:
     divergence: float | None = attrs.field(default=None, validator=_factor)
     divergence_window: int = attrs.field(
         default=DIVERGENCE_WINDOW, validator=[_int, attrs.validators.ge(1)]
+    )
+    keep_best: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
     )
 
     @property

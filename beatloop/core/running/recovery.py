@@ -21,6 +21,7 @@ from beatloop.core.compiled.numerics import describe_checks
 from beatloop.core.devices.workers import Cluster
 from beatloop.core.events.callbacks import CallbackList
 from beatloop.core.failures.errors import ConfigError, NumericsError, RunInterrupted
+from beatloop.core.running.best import BestKeeper
 from beatloop.core.running.options import EngineOptions
 from beatloop.core.saving.checkpoints import RunCheckpoints
 from beatloop.core.saving.record import RunRecord
@@ -83,8 +84,11 @@ class Recovery:
         metrics: StepMetrics,
         options: EngineOptions,
         cluster: Cluster | None = None,
+        best: BestKeeper | None = None,
     ):
         self.checkpoints = checkpoints
+        #: The best epoch so far (``keep_best``), kept in every checkpoint and run.json.
+        self.best = best or BestKeeper(None)
         self.cluster = cluster or Cluster(None, None)
         self.record = record
         self.callbacks = callbacks
@@ -106,17 +110,18 @@ class Recovery:
 
     # --- resume and save ---------------------------------------------------------------
 
-    def resume(self) -> str | None:
-        """Restore the latest readable checkpoint, if there is one, and return its path
-        (the first call does this; later calls return what it found)."""
+    def resume(self, checkpoint: str | None = None) -> str | None:
+        """Restore the latest readable checkpoint (``checkpoint``: that one), if there
+        is one, and return its path (the first call does this; later calls return what it
+        found)."""
         if self.checkpoints is None or self._resume_checked:
             self.cluster.start(self.resumed_from)  # without a run dir: checked all the same
             return self.resumed_from
         self._resume_checked = True
-        restored = self.checkpoints.restore_latest(self.record)
+        restored = self.checkpoints.restore_latest(self.record, only=checkpoint)
         if restored is not None:
             path, host = restored
-            self.callbacks.restore_state(host.get("callbacks", {}))
+            self._restore_host(path, host)
             self._saved_step = int(self.counters.step)
             self.resumed_from = path
         self.cluster.start(self.resumed_from)
@@ -140,16 +145,30 @@ class Recovery:
             "train it further, or another run dir (--run-dir, run_dir=) for a new run"
         )
 
-    def save(self) -> None:
-        """Write a checkpoint now (with a run dir)."""
+    def _restore_host(self, path: str, host: dict) -> None:
+        """The Python-side state a restored checkpoint holds: callbacks', the best's."""
+        self.callbacks.restore_state(host.get("callbacks", {}))
+        self.best.restore(host, path, self.checkpoints.read_directory)
+        self.checkpoints.protected = self.best.checkpoint
+
+    def save(self, logs=None) -> None:
+        """Write a checkpoint now (with a run dir); ``logs``: an epoch's end's figures,
+        its checkpoint then the best (``keep_best``) when they beat the best so far:
+        ``run.json`` names it once it is saved, and only then is the former best let go."""
         if self.checkpoints is None:
             return
+        better = logs is not None and self.best.consider(int(self.counters.epoch), logs)
         host = {
             "position": self.counters.position(),
             "callbacks": self.callbacks.checkpoint_state(),
+            **self.best.host_state(),
         }
         self.saved.append(self.checkpoints.save(host, self.record))
         self._saved_step = int(self.counters.step)
+        if better:
+            self.best.settle(self.saved[-1])
+            self.best.write(self.checkpoints.directory.parent / "run.json")
+            self.checkpoints.protect(self.best.checkpoint)
 
     def save_first(self) -> None:
         """At the start of a new run: a step-0 checkpoint, something to roll back to."""
@@ -201,7 +220,7 @@ class Recovery:
         skipped with it)."""
         position = self.counters.position()
         path, host = self.checkpoints.restore_latest(self.record)
-        self.callbacks.restore_state(host.get("callbacks", {}))
+        self._restore_host(path, host)
         if int(self.counters.epoch_batches) == 0:
             self.metrics.reset()
         skipped = position["epoch_batches"] - int(self.counters.epoch_batches)

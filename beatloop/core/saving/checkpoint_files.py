@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import tensorflow as tf
@@ -75,3 +76,23 @@ def number_of(path: str) -> int:
     """A checkpoint's number (``ckpt-N``), 0 for a path that is not one."""
     match = re.search(rf"{PREFIX}-(\d+)$", str(path))
     return int(match.group(1)) if match else 0
+
+
+def warn_unreadable(path: str, error: Exception) -> None:
+    warnings.warn(
+        f"checkpoint {path} could not be read ({first_line(error)}); trying the one before",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def first_line(error: Exception) -> str:
+    message = getattr(error, "message", None) or str(error)
+    message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)  # TF's op wrapper
+    return " ".join(message.strip().splitlines()[:1])[:300]
+
+
+def jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

@@ -15,7 +15,6 @@ checkpoint.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
@@ -30,11 +29,14 @@ from beatloop.core.saving.checkpoint_files import (  # noqa: F401  (latest_recor
     PREFIX,
     UNREADABLE,
     checkpoint_files,
+    first_line,
+    jsonable,
     latest_record,
     listed_checkpoints,
     number_of,
     read_record,
     remove_leftovers,
+    warn_unreadable,
 )
 from beatloop.core.saving.record import RunRecord
 from beatloop.core.saving.run_dir import writing
@@ -103,6 +105,9 @@ class RunCheckpoints:
         #: Whether each checkpoint is readable, as far as this process knows: those it
         #: wrote or restored are, those it could not read are not (``_prune``).
         self._readable: dict[str, bool] = {}
+        #: The best epoch's checkpoint (its name; ``keep_best``): kept beside the newest
+        #: ``max_to_keep`` when it is not one of them.
+        self.protected: str | None = None
         self.manager = self._manager()
 
     def _manager(self) -> tf.train.CheckpointManager:
@@ -134,19 +139,24 @@ class RunCheckpoints:
     def _as_read(self, path: str) -> str:
         return str(self.read_directory / Path(path).name)
 
-    def restore_latest(self, expected: RunRecord) -> tuple[str, dict] | None:
+    def restore_latest(self, expected: RunRecord, only: str | None = None):
         """Restore the newest readable checkpoint and return ``(path, host state)``;
         ``None`` when there is none. A checkpoint that cannot be read is skipped with a
         warning (the previous one is tried); one whose record differs from ``expected``
-        is refused with a CheckpointError, never half-restored."""
-        failures = []
-        for path in reversed(self.read_paths()):
+        is refused with a CheckpointError, never half-restored. ``only``: the checkpoint
+        (by name) to restore instead, none other."""
+        failures, paths = [], self.read_paths()
+        if only is not None:
+            paths = [p for p in paths if Path(p).name == Path(only).name]
+            if not paths:
+                raise CheckpointError(f"{self.read_directory} holds no checkpoint {only}")
+        for path in reversed(paths):
             try:
                 record = read_record(path)
             except UNREADABLE as error:
                 failures.append(path)
                 self._readable[path] = False
-                _warn_unreadable(path, error)
+                warn_unreadable(path, error)
                 continue
             record.refuse_if_different(expected, self.read_directory)
             try:
@@ -156,7 +166,7 @@ class RunCheckpoints:
             except (*UNREADABLE, AssertionError) as error:
                 failures.append(path)
                 self._readable[path] = False
-                _warn_unreadable(path, error)
+                warn_unreadable(path, error)
                 continue
             self._readable[path] = True
             self._restored = path
@@ -206,7 +216,7 @@ class RunCheckpoints:
         overwritten) and return its path. A failed write (disk full, no permission)
         removes its partial files and raises a CheckpointError; earlier checkpoints are
         untouched."""
-        self._host.assign(json.dumps(host, default=_jsonable))
+        self._host.assign(json.dumps(host, default=jsonable))
         self._record.assign(json.dumps(record.to_json()))
         number = 1 + max((number_of(p) for p in [*self.paths(), self._restored or ""]), default=0)
         try:
@@ -218,7 +228,7 @@ class RunCheckpoints:
             kept = ", ".join(Path(p).name for p in self.paths()) or "none"
             raise CheckpointError(
                 f"could not write checkpoint {PREFIX}-{number} in {self.directory}: "
-                f"{_first_line(error)}; earlier checkpoints are intact ({kept})"
+                f"{first_line(error)}; earlier checkpoints are intact ({kept})"
             ) from None
         self._readable[path] = True
         with writing(self.directory / "checkpoint", "remove the oldest checkpoints beside"):
@@ -234,10 +244,18 @@ class RunCheckpoints:
             return
         self._write_index(found)
 
+    def protect(self, name: str | None) -> None:
+        """Make ``name`` the checkpoint kept beside the newest (the best epoch's) and
+        delete the one it replaces if it is not among the newest ``max_to_keep``."""
+        self.protected = name
+        with writing(self.directory / "checkpoint", "remove the oldest checkpoints beside"):
+            self._prune()
+
     def _prune(self) -> None:
         """Keep the newest ``max_to_keep`` readable checkpoints, and any unreadable one
         newer than the oldest of those: a damaged checkpoint never displaces a good one,
-        and goes once good ones newer than it are enough. The rest are deleted."""
+        and goes once good ones newer than it are enough; and the ``protected`` one
+        beside them. The rest are deleted."""
         paths, good = list(self.manager.checkpoints), 0
         for oldest_kept in range(len(paths) - 1, -1, -1):  # newest first, until enough
             good += self._is_readable(paths[oldest_kept])
@@ -245,11 +263,12 @@ class RunCheckpoints:
                 break
         if good < self.max_to_keep or oldest_kept == 0:
             return
-        for path in paths[:oldest_kept]:
+        doomed = [path for path in paths[:oldest_kept] if Path(path).name != self.protected]
+        for path in doomed:
             for name in (".index", ".data-?????-of-?????"):
                 for found in self.directory.glob(Path(path).name + name):
                     found.unlink(missing_ok=True)
-        self._write_index(paths[oldest_kept:])
+        self._write_index([path for path in paths if path not in doomed])
 
     def _is_readable(self, path: str) -> bool:
         """Whether every tensor of ``path`` reads back (TensorFlow checks each one's
@@ -285,26 +304,6 @@ class RunCheckpoints:
                 shutil.rmtree(leftover, ignore_errors=True)
             else:
                 leftover.unlink(missing_ok=True)
-
-
-def _warn_unreadable(path: str, error: Exception) -> None:
-    warnings.warn(
-        f"checkpoint {path} could not be read ({_first_line(error)}); trying the one before",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-def _first_line(error: Exception) -> str:
-    message = getattr(error, "message", None) or str(error)
-    message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)  # TF's op wrapper
-    return " ".join(message.strip().splitlines()[:1])[:300]
-
-
-def _jsonable(value):
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 def run_checkpoints(
