@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import warnings
 from pathlib import Path
 
 import keras
@@ -142,9 +143,10 @@ def test_a_group_gates_all_its_beats_and_its_condition_sees_their_losses():
 
 
 def test_a_skip_policy_passes_over_non_finite_gradients_where_the_nan_guard_would_stop():
-    """A condition of the gradients skips the update of a batch of NaN pixels (its loss
-    is finite: relu maps NaN to 0; its gradients are not); a skipped turn is not
-    checked, so the run goes on (without it the NaN guard raises)."""
+    """A condition of the gradients skips the update of a batch of NaN pixels (their
+    gradients are not finite; their loss is finite where relu maps NaN to 0, as oneDNN's
+    does, and NaN where it does not, the epoch's loss figure then NaN too); a skipped
+    turn is not checked, so the run goes on (without it the NaN guard raises)."""
     x, y = (digit_batches(200).get_single_element()[k].numpy() for k in ("x", "y"))
     x[8 * 9 : 8 * 10] = np.nan
     data = tf.data.Dataset.from_tensor_slices({"x": x, "y": y}).batch(8)
@@ -153,7 +155,12 @@ def test_a_skip_policy_passes_over_non_finite_gradients_where_the_nan_guard_woul
         return tf.math.is_finite(tf.linalg.global_norm(gradients))
 
     make = lambda: keras.optimizers.SGD(0.1)  # noqa: E731
-    result = fit(Classifier(make, only_if=finite), data, epochs=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fit(Classifier(make, only_if=finite), data, epochs=1)
+    runaway = [w for w in caught if issubclass(w.category, beatloop.RunawayLossWarning)]
+    # the skipped batch's loss is in the epoch's mean: NaN where relu keeps NaN, warned of
+    assert len(runaway) == int(np.isnan(result.history["loss"][0]))
     assert result.history["loss_updates"] == [24.0]
     assert all(np.all(np.isfinite(w)) for w in all_weights(result.models).values())
     clean = [b for i, b in enumerate(data) if i != 9]
