@@ -154,7 +154,10 @@ class TrainStep:
                 apply_when(applied, assign, update.writes)
             else:
                 calls = (self.bound.models, batch)
-                now = holds(condition, *calls, random=random, state=self.bound.state, loss=None)
+                now = holds(
+                    condition, *calls, random=random, state=self.bound.state, loss=None,
+                    gathering=self.gathering,
+                )  # fmt: skip
                 apply_when(now, assign, update.writes)
             return tf.constant(0)
 
