@@ -10,7 +10,19 @@ import attrs
 import keras
 import tensorflow as tf
 
-from beatloop import Beat, DataSplit, ModelCalls, Recipe, Schedule, choice, setting
+from beatloop import (
+    EMA,
+    Beat,
+    Callback,
+    DataSplit,
+    ModelCalls,
+    Order,
+    Recipe,
+    Run,
+    Schedule,
+    choice,
+    setting,
+)
 from beatloop import datasets as data
 
 OPTIMIZERS = {
@@ -43,6 +55,12 @@ class SupervisedConfig:
     batch_size: int = setting(32, "batch size of the built-in data", _positive)
     accumulate: int = setting(
         1, "batches whose gradients make one update (gradient accumulation)", _positive
+    )
+    ema_decay: float = setting(
+        0.0,
+        "decay of an average of the model's weights (EMA) that validation, evaluate, "
+        "export and keep_best use, val_raw_ figures the model's own (0: none)",
+        [attrs.validators.ge(0), attrs.validators.lt(1)],
     )
     validation_fraction: float = setting(
         0.2,
@@ -88,7 +106,10 @@ class Supervised(Recipe):
         if self.config.dropout:
             layers.append(keras.layers.Dropout(self.config.dropout))
         layers.append(keras.layers.Dense(self.config.classes))
-        return {"model": keras.Sequential(layers, name="classifier")}
+        model = keras.Sequential(layers, name="classifier")
+        if not self.config.ema_decay:
+            return {"model": model}
+        return {"model": model, "ema": keras.models.clone_model(model)}  # StartAverage sets it
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
         optimizer = OPTIMIZERS[self.config.optimizer](learning_rate=self.config.learning_rate)
@@ -98,10 +119,11 @@ class Supervised(Recipe):
         return {"loss": self.cross_entropy}
 
     def schedule(self) -> Schedule:
-        accumulate = self.config.accumulate
-        return Schedule(
-            Beat(loss="loss", optimizer="optimizer", updates="model", accumulate=accumulate)
-        )
+        accumulate, decay = self.config.accumulate, self.config.ema_decay
+        beat = Beat(loss="loss", optimizer="optimizer", updates="model", accumulate=accumulate)
+        if not decay:
+            return Schedule(beat)
+        return Schedule([beat, EMA("model", "ema", decay, evaluated=True)])
 
     def cross_entropy(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         logits = models["model"](batch["x"])
@@ -125,3 +147,20 @@ class Supervised(Recipe):
 
     def inference_models(self, models):
         return {"model": models["model"]}
+
+    def callbacks(self) -> list[Callback]:
+        return [StartAverage()] if self.config.ema_decay else []
+
+
+class StartAverage(Callback):
+    """The average (``ema``) starts at the model's values, the model a user passed
+    included: set as a fresh run starts, before its first checkpoint (a resumed run's
+    comes from its checkpoint)."""
+
+    order = Order.PRODUCER
+
+    def on_fit_start(self, run: Run) -> None:
+        if run.step == 0:
+            models = run.models
+            for average, own in zip(models["ema"].weights, models["model"].weights, strict=True):
+                average.assign(own)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 import keras
 
+from beatloop.core.compiled.averaged import overlapping_sources
 from beatloop.core.compiled.bound import BoundGroup, BoundUpdate
 from beatloop.core.schedule.updates import EMA, Copy, NonGradient
 
@@ -22,7 +23,9 @@ Select = Callable[[str, Mapping[str, keras.Layer], list, str], list]
 def bind_updates(schedule, models, problems: list[str], select: Select) -> list[BoundUpdate]:
     """Each update and act of ``schedule`` bound, in step order (problems noted)."""
     entries = [e for e in schedule.beats if isinstance(e, NonGradient)]
-    return [_bound(entry, models, problems, select) for entry in entries]
+    updates = [_bound(entry, models, problems, select) for entry in entries]
+    problems.extend(overlapping_sources(updates))
+    return updates
 
 
 def _bound(entry, models, problems: list[str], select: Select) -> BoundUpdate:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from beatloop.core.compiled.averaged import evaluated_pairs, raw_figures
 from beatloop.core.failures.errors import ConfigError
 from beatloop.core.saving.record import update_run_json
 
@@ -55,7 +56,10 @@ def check_figure(asked: tuple[str, str], parts, has_validation: bool) -> None:
     quality = parts.recipe.quality_figure
     logged = list(parts.train_metrics.named())
     if has_validation:
-        logged += list(parts.validation_metrics.named())
+        validated = dict.fromkeys(parts.validation_metrics.named(), 0.0)
+        logged += list(validated)
+        if evaluated_pairs(parts.bound.updates):  # the source's own, beside the average's
+            logged += list(raw_figures(validated, parts.validation_metrics.prefix))
     unvalidated = lambda name: name.startswith("val_") and not has_validation  # noqa: E731
     if quality is not None and quality[0] not in logged and not unvalidated(quality[0]):
         logged.append(quality[0])

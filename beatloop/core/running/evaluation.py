@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import tensorflow as tf
 
+from beatloop.core.compiled.averaged import averaged_weights, evaluated_pairs, raw_figures
 from beatloop.core.compiled.loop import CompiledLoop
 from beatloop.core.compiled.op_errors import data_errors
 from beatloop.core.compiled.user_code import in_recipe
@@ -57,7 +58,19 @@ class Evaluation:
         self, loop: CompiledLoop, limit: int, role: str = "validation", dataset=None, wait=True
     ) -> dict[str, float]:
         """One pass of ``loop`` over the validation data (or ``dataset``), ``limit`` steps
-        per call; the ``val_`` figures. ``wait``: until its iterator is destroyed."""
+        per call; the ``val_`` figures. ``wait``: until its iterator is destroyed. With an
+        evaluated average (``EMA(evaluated=True)``) they are the average's, and the
+        source's own follow as ``val_raw_`` figures."""
+        pairs = evaluated_pairs(self.parts.bound.updates)
+        if not pairs:
+            return self._pass(loop, limit, role, dataset, wait)
+        with averaged_weights(pairs):
+            logs = self._pass(loop, limit, role, dataset, wait=False)
+        own = self._pass(loop, limit, role, dataset, wait)
+        return logs | raw_figures(own, self.parts.validation_metrics.prefix)
+
+    def _pass(self, loop: CompiledLoop, limit: int, role: str, dataset, wait: bool) -> dict:
+        """One pass of ``loop`` for the models' variables as they are."""
         self.parts.validation_metrics.reset()
         if self.parts.validation_random is not None:
             self.parts.validation_random.reset_from_seed(self.seed)

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import keras
 
+from beatloop.core.compiled.averaged import averaged_weights, evaluated_pairs
 from beatloop.core.compiled.binding import BoundSchedule
 from beatloop.core.failures.errors import BeatloopError
 from beatloop.core.running.recipe import Recipe
@@ -82,7 +83,9 @@ class FitResult:
 
     def export(self, out: str | Path) -> dict[str, Path]:
         """Write each inference model (the classifier, the generator, ...) as a
-        SavedModel in ``out/NAME`` with a ``serve`` endpoint; return the paths."""
+        SavedModel in ``out/NAME`` with a ``serve`` endpoint; return the paths. An
+        evaluated average (``EMA(evaluated=True)``) is what is written, in its source's
+        place."""
         models = self.recipe.inference_models(self.bound.models)
         if not models:
             raise BeatloopError(
@@ -90,11 +93,11 @@ class FitResult:
                 "configuration (its result is what it saved in the run dir)"
             )
         check_export_dir(Path(out))
-        paths = {}
-        for name, model in models.items():
-            path = Path(out) / name
+        paths = {name: Path(out) / name for name in models}
+        for path in paths.values():
             if path.exists() and any(path.iterdir()):
                 raise BeatloopError(f"{path} exists and is not empty; export to a new folder")
-            model.export(str(path), format="tf_saved_model", verbose=False)
-            paths[name] = path
+        with averaged_weights(evaluated_pairs(self.bound.updates)):
+            for name, model in models.items():
+                model.export(str(paths[name]), format="tf_saved_model", verbose=False)
         return paths

@@ -81,6 +81,11 @@ def _fraction(instance, attribute, value) -> None:
         _refuse(instance, attribute, "a number from 0 to 1 (e.g. 0.99)", value)
 
 
+def _flag(instance, attribute, value) -> None:
+    if not isinstance(value, bool):
+        _refuse(instance, attribute, "True or False", value)
+
+
 def _selector(instance, attribute, value) -> None:
     if not isinstance(value, str) or not value or not _NAME.match(value.partition(":")[0]):
         _refuse(instance, attribute, "a model name or 'model:glob' selector", value)
@@ -151,7 +156,13 @@ class EMA:
     """Polyak averaging of a target network (BYOL, MoCo, mean teacher): each of the
     target's trainable variables ``t`` becomes ``decay * t + (1 - decay) * s``, where
     ``s`` is the source's variable at the same place (paired in order, shapes checked
-    at bind). The name defaults to the target's."""
+    at bind). The name defaults to the target's.
+
+    ``evaluated=True`` makes the average what the run is judged and shipped by, as
+    Keras's ``SwapEMAWeights`` does: validation, ``evaluate``, ``export`` (and so
+    ``keep_best``) run the source with the target's values in place of its trainable
+    variables, put back after; training goes on with the source's own. Its ``val_``
+    figures are then the average's, and the source's own are logged as ``val_raw_``."""
 
     source: str = attrs.field(validator=_selector)
     target: str = attrs.field(validator=_selector)
@@ -159,6 +170,7 @@ class EMA:
     name: str = attrs.field(default=None)
     every: int = attrs.field(default=1, validator=_positive)
     only_if: str | Callable | None = attrs.field(default=None, validator=check_condition)
+    evaluated: bool = attrs.field(default=False, validator=_flag)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "name", _name_of(self, self.target.partition(":")[0]))
@@ -172,7 +184,8 @@ class EMA:
             f"{self.name}: EMA source={self.source} target={self.target} "
             f"decay={self.decay:g} every={self.every}"
         )
-        return " ".join([described, *condition_words(self.only_if)])
+        evaluated = ["evaluated"] if self.evaluated else []
+        return " ".join([described, *condition_words(self.only_if), *evaluated])
 
 
 @attrs.frozen
