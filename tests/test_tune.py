@@ -199,6 +199,8 @@ def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_los
     printed, err = second.communicate(timeout=300)
     assert second.returncode == 130, (printed[-2000:], err[-2000:])
     assert "resuming trial(s) 1" in printed
+    assert "trial(s) 2 saved a checkpoint and stay running in the study; the same command " \
+        "resumes them" in err  # fmt: skip
     assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "COMPLETE", "RUNNING"]
     assert "the same command resumes it" in (out / "logs" / "trial-0002.log").read_text()
 

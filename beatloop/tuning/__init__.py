@@ -11,6 +11,7 @@ dimension, extend ``space.KINDS`` and ``Dimension.distribution``. Optuna comes w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -63,13 +64,14 @@ def tune(
     default: the recipe's quality figure) in ``trials`` runs of ``epochs``, ``jobs`` at
     once, each in its own process and run dir under ``out``. A study already in the
     storage continues: a trial a killed command left resumes from its checkpoint."""
-    from beatloop.core.failures.errors import ConfigError
+    from beatloop.core.failures.errors import ConfigError, RunDirError
     from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe
     from beatloop.tuning.report import write_best_toml, write_plots
     from beatloop.tuning.space import parse_space
     from beatloop.tuning.spec import PRUNERS, parse_objective
-    from beatloop.tuning.study import run_study
+    from beatloop.tuning.storage import storage_errors
+    from beatloop.tuning.study import refuse_if_none_finished, run_study
 
     try:
         import optuna  # noqa: F401
@@ -103,5 +105,15 @@ def tune(
         validation_data=validation_data,
     )
     study = run_study(spec, jobs=jobs, echo=echo)
-    best = write_best_toml(study, spec, spec.out / "best.toml")
-    return TuneResult(spec, study, best, tuple(write_plots(study, spec.out)))
+    with storage_errors(spec):
+        refuse_if_none_finished(study, spec)
+        if not os.access(spec.out, os.W_OK | os.X_OK):  # a finished study, shown as it is
+            echo(f"the study dir {spec.out} is read-only: best.toml and the plots are not written")
+            return TuneResult(spec, study, None, ())
+        try:
+            best = write_best_toml(study, spec, spec.out / "best.toml")
+            return TuneResult(spec, study, best, tuple(write_plots(study, spec.out, echo)))
+        except OSError as error:
+            raise RunDirError(
+                f"the study's report in {spec.out} cannot be written: {error}"
+            ) from None

@@ -25,7 +25,8 @@ def format_trials(study, spec: StudySpec, top: int = 5) -> str:
     rows = [["trial", spec.objective.text, "epochs", "config"]]
     for trial in best_trials(study, spec, top):
         config = "  ".join(f"{k}={_value_text(v)}" for k, v in trial.params.items())
-        rows.append([str(trial.number), f"{trial.value:.6g}", str(trial.last_step + 1), config])
+        epochs = "-" if trial.last_step is None else str(trial.last_step + 1)  # none reported
+        rows.append([str(trial.number), f"{trial.value:.6g}", epochs, config])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -87,9 +88,10 @@ def _toml(value: Any) -> str:
     return f'"{text}"'
 
 
-def write_plots(study, out: Path) -> list[Path]:
+def write_plots(study, out: Path, echo=print) -> list[Path]:
     """``history.png`` (each trial's objective, and the best so far) and
-    ``importances.png`` (fANOVA importances; from two finished trials on)."""
+    ``importances.png`` (parameter importances; from two finished trials on, and only
+    when they tell the parameters apart: ``echo`` says why one is not written)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,9 +109,16 @@ def write_plots(study, out: Path) -> list[Path]:
         for name, make, least in makers:
             if len(done) < least:
                 continue
-            try:
-                axes = make(study)
-            except (ValueError, RuntimeError):  # e.g. every trial at one value: no importance
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                try:
+                    axes = make(study)
+                except (ValueError, RuntimeError):  # every trial at one value: no importance
+                    continue
+            if any("importances will be equal" in str(w.message).lower() for w in said):
+                plt.close(axes.get_figure())
+                echo(f"{name} not written: the finished trials' scores tie or are too few to "
+                     "tell the parameters' importances apart (more trials will)")  # fmt: skip
                 continue
             figure = axes.get_figure()
             figure.set_size_inches(7, 4)

@@ -5,6 +5,7 @@ field's validators) before the first trial runs."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -142,6 +143,11 @@ def _dimension(text: str, fields, config_cls, owner: str, fixed: dict) -> Dimens
         raise ConfigError(
             f"--space {name}={kind}: the ends must be {wanted.__name__}s, got {rest!r}"
         ) from None
+    if not all(math.isfinite(end) for end in (low, high)):
+        raise ConfigError(
+            f"--space {name}={kind}: both ends must be finite numbers (a sampler cannot draw "
+            f"from an endless range), got {rest!r}"
+        )
     if not low < high:
         raise ConfigError(f"--space {name}={kind}: LOW must be below HIGH, got {low} and {high}")
     if kind == "log" and low <= 0:

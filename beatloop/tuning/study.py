@@ -7,23 +7,21 @@ next trial, and a trial's process tells the study how it ended."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from beatloop.core.failures.errors import ConfigError
-from beatloop.tuning.spec import StudySpec, spec_to_json
-
-#: A trial's user attributes: the machine and the command that started it last.
-HOST, PID = "host", "pid"
+from beatloop.core.failures.errors import BeatloopError, ConfigError, RunDirError, RunInterrupted
+from beatloop.tuning.processes import TrialProcesses, orphaned, report_end
+from beatloop.tuning.spec import StudySpec
+from beatloop.tuning.storage import (
+    made_or_removed,
+    open_storage,
+    storage_errors,
+    storage_lock,
+    writable_study_dir,
+)
 
 
 def _pruner(spec: StudySpec):
@@ -36,59 +34,23 @@ def _pruner(spec: StudySpec):
     return optuna.pruners.NopPruner()
 
 
-def _storage(spec: StudySpec):
-    """The study's RDB storage. Making its tables is serialised: two commands started
-    together on a new SQLite file hold its lock in turn, and on a server database a
-    command that loses the race to make them tries once more (the tables exist then)."""
-    import optuna
-
-    url = spec.storage_url
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    with _storage_lock(url):
-        for attempt in (1, 2):
-            try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-            except Exception as error:  # SQLAlchemy's errors name the URL's problem
-                if attempt == 2 or url.startswith("sqlite"):
-                    raise ConfigError(f"--storage {url}: {error}") from None
-                time.sleep(1.0)
-
-
-@contextlib.contextmanager
-def _storage_lock(url: str):
-    """An exclusive ``flock`` beside an SQLite file, for what commands sharing it must do
-    in turn (make its tables; count its trials and ask for one); nothing for in-memory
-    SQLite or a server URL."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or len(url) == len(prefix):
-        yield
-        return
-    lock_path = Path(url[len(prefix) :] + ".lock")
-    if not lock_path.parent.is_dir():  # SQLite names the missing folder
-        yield
-        return
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def load_study(spec: StudySpec, create: bool = False):
-    """The study ``spec`` names, made first where ``create`` allows; a study made with
-    another recipe, space, objective or budget is refused (its trials would not compare)."""
+def load_study(spec: StudySpec, create: bool = False, writable: bool = True):
+    """The study ``spec`` names, made first where ``create`` allows (and the study dir is
+    ``writable``); a study made with another recipe, space, objective or budget is
+    refused (its trials would not compare)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    options = {"study_name": spec.name, "storage": _storage(spec), "pruner": _pruner(spec),
-               "sampler": optuna.samplers.TPESampler(seed=spec.seed)}  # fmt: skip
-    if create:
-        direction = spec.objective.optuna_direction
-        study = optuna.create_study(direction=direction, load_if_exists=True, **options)
-    else:
-        study = optuna.load_study(**options)
-    made_with = study.user_attrs.get("spec")
+    storage = open_storage(spec, writable)
+    options = {"study_name": spec.name, "storage": storage, "pruner": _pruner(spec),
+               "sampler": trial_sampler(spec, 0)}  # fmt: skip
+    with storage_errors(spec):
+        if create and writable:
+            direction = spec.objective.optuna_direction
+            study = optuna.create_study(direction=direction, load_if_exists=True, **options)
+        else:
+            study = _existing(spec, options)
+        made_with = study.user_attrs.get("spec")
     if made_with is None:
         study.set_user_attr("spec", spec.identity())
     elif made_with != spec.identity():
@@ -101,121 +63,131 @@ def load_study(spec: StudySpec, create: bool = False):
     return study
 
 
-def live_trial(study, number: int):
-    """Trial ``number`` of ``study`` as an ``optuna.trial.Trial`` that reports and tells."""
+def _existing(spec: StudySpec, options: dict):
+    """The study in the storage; its absence said in the study's words."""
     import optuna
 
-    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-    return optuna.trial.Trial(study, frozen._trial_id)
-
-
-def orphaned(study, spec: StudySpec) -> list[int]:
-    """The running trials this machine started whose command is gone and whose run dir
-    no process holds: a killed study's, to be resumed."""
-    from optuna.trial import TrialState
-
-    from beatloop.core.failures.errors import RunDirError
-    from beatloop.core.saving.run_lock import RunDirLock
-
-    found = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        attrs = trial.user_attrs
-        if attrs.get(HOST) != socket.gethostname() or _alive(attrs.get(PID)):
-            continue
-        run_dir = spec.trial_dir(trial.number)
-        if run_dir.is_dir():
-            try:
-                RunDirLock.acquire(run_dir).release()
-            except RunDirError:
-                continue  # a process trains it still
-        found.append(trial.number)
-    return found
-
-
-def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid == os.getpid():
-        return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return optuna.load_study(**options)
+    except KeyError:  # Optuna: "Record does not exist."
+        raise RunDirError(
+            f"the study dir {spec.out} is not writable and holds no study {spec.name!r} to "
+            "show: make it writable, or pass another --out"
+        ) from None
 
 
-class TrialProcesses:
-    """The trial processes this command runs, each logging to ``OUT/logs/trial-N.log``."""
+def trial_sampler(spec: StudySpec, number: int):
+    """The sampler that proposes trial ``number``: TPE, its generator seeded from the
+    study's seed and the trial's number. A command that continues a study (after a kill,
+    or beside another on one storage) then proposes each trial as the one command would
+    have, from the same finished trials, rather than replaying trial 0's draws."""
+    import numpy as np
+    import optuna
 
-    def __init__(self, spec: StudySpec, echo: Callable[[str], None]):
-        self.spec = spec
-        self.echo = echo
-        self.running: dict[int, tuple[subprocess.Popen, object]] = {}
-
-    def start(self, study, number: int) -> None:
-        trial = live_trial(study, number)
-        trial.set_user_attr(HOST, socket.gethostname())
-        trial.set_user_attr(PID, os.getpid())
-        log_path = self.log(number)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 (closed when it ends)
-        command = [sys.executable, "-m", "beatloop.tuning.trial"]
-        command += [json.dumps(spec_to_json(self.spec)), str(number)]
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
-        # A session of its own: Ctrl-C reaches the command only, which stops each trial
-        # with one SIGTERM (a second signal would stop it before its checkpoint).
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self.running[number] = (process, log)
-
-    def log(self, number: int) -> Path:
-        return self.spec.out / "logs" / f"trial-{number:04d}.log"
-
-    def finished(self) -> list[tuple[int, int]]:
-        """The trials whose process ended since the last call, with exit statuses."""
-        ended = []
-        for number, (process, log) in list(self.running.items()):
-            if process.poll() is not None:
-                log.close()
-                del self.running[number]
-                ended.append((number, process.returncode))
-        return ended
-
-    def stop_all(self, grace: float = 120) -> None:
-        """Stop the running trials: SIGTERM first, so each saves a checkpoint at its next
-        call boundary and stays running in the study (the same command resumes it), then
-        SIGKILL for any still there after ``grace`` seconds."""
-        for process, _ in self.running.values():
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + grace
-        for process, log in self.running.values():
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            log.close()
-        self.running.clear()
+    seed = int(np.random.SeedSequence([spec.seed, number]).generate_state(1)[0])
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = print):
     """Run ``spec``'s study to ``spec.trials`` trials, ``jobs`` at once; the study."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    spec.out.mkdir(parents=True, exist_ok=True)
-    study = load_study(spec, create=True)
+    with made_or_removed(spec):
+        writable = writable_study_dir(spec)
+        study = load_study(spec, create=True, writable=writable)
+    with storage_errors(spec):
+        trials = study.get_trials(deepcopy=False)
+    if not writable:  # a finished study can still be shown
+        refuse_unfinished(spec, trials)
+        return study
+    refuse_stale_trial_dirs(spec, trials)
     waiting = orphaned(study, spec)
     if waiting:
         echo(f"resuming trial(s) {', '.join(map(str, waiting))} of a study that was stopped")
     processes = TrialProcesses(spec, echo)
     try:
-        with ctrl_c_as_request() as interrupted:
+        with ctrl_c_as_request() as interrupted, storage_errors(spec):
             _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo)
         return study
+    except KeyboardInterrupt:
+        stopped = sorted(processes.running)
+        processes.stop_all()
+        raise RunInterrupted(_stopped_words(spec, stopped), None) from None
     finally:
         processes.stop_all()
+
+
+class StudyFailed(BeatloopError):
+    """A study whose every trial failed: nothing to show, and the trials' own failure
+    (its exit status: a full disk is 5, numerics 4) is the command's."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def refuse_if_none_finished(study, spec: StudySpec) -> None:
+    """A study that ended with failed trials and no finished one fails, naming the first
+    failure (an empty table and exit 0 would hide it)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    if not failed or any(t.state == TrialState.COMPLETE for t in trials):
+        return
+    first = failed[0]
+    reason = first.user_attrs.get("error", f"see {spec.out / 'logs'}")
+    code = study.user_attrs.get(f"exit_code_{first.number}", 2)
+    raise StudyFailed(
+        f"study {spec.name!r} has no finished trial: {len(failed)} of {len(trials)} failed "
+        f"(trial {first.number}: {reason})",
+        code if isinstance(code, int) and code > 1 else 2,
+    )
+
+
+def _stopped_words(spec: StudySpec, stopped: list[int]) -> str:
+    """What a Ctrl-C left: the trials checkpointed, and how to go on."""
+    if not stopped:
+        return f"study {spec.name!r} stopped by Ctrl-C; the same command goes on with it"
+    trials = ", ".join(map(str, stopped))
+    return (
+        f"study {spec.name!r} stopped by Ctrl-C: trial(s) {trials} saved a checkpoint and "
+        "stay running in the study; the same command resumes them"
+    )
+
+
+def refuse_unfinished(spec: StudySpec, trials: list) -> None:
+    """A study in a read-only dir, when it has nothing left to run."""
+    from optuna.trial import TrialState
+
+    left = spec.trials - sum(t.state.is_finished() for t in trials)
+    if left > 0 or any(t.state == TrialState.RUNNING for t in trials):
+        raise RunDirError(
+            f"the study dir {spec.out} is not writable, and study {spec.name!r} has "
+            f"{max(left, 1)} of its {spec.trials} trials to run: make it writable, or pass "
+            "another --out"
+        )
+
+
+def refuse_stale_trial_dirs(spec: StudySpec, trials: list) -> None:
+    """Trial dirs the study does not hold (its ``study.db`` deleted or emptied, the
+    trials' dirs left): new trials would be handed them and refused by their
+    checkpoints, for ever. Refused before any trial, naming them and what to do."""
+    held = {t.number for t in trials}
+    stale = sorted(
+        path for path in spec.out.glob("trial-[0-9][0-9][0-9][0-9]")
+        if path.is_dir() and int(path.name.removeprefix("trial-")) not in held
+    )  # fmt: skip
+    if not stale:
+        return
+    names = ", ".join(p.name for p in stale[:3]) + (" ..." if len(stale) > 3 else "")
+    raise RunDirError(
+        f"the study dir {spec.out} holds {len(stale)} trial dir(s) ({names}) that study "
+        f"{spec.name!r} in {spec.storage_url} has no trial for: its storage was deleted, "
+        "emptied or replaced since they ran. Restore it from a copy to go on with the "
+        f"study, or move the trial dirs away (mkdir {spec.out}/old && mv {spec.out}/trial-* "
+        f"{spec.out}/old) to start it anew"
+    )
 
 
 def _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo) -> None:
@@ -224,7 +196,7 @@ def _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo)
     distributions = _distributions(spec)
     while not interrupted:
         for number, status in processes.finished():
-            _report_end(study, spec, number, status, processes.log(number), echo)
+            report_end(study, spec, number, status, processes.log(number), echo)
         if len(processes.running) < jobs:
             if waiting:
                 processes.start(study, waiting.pop(0))
@@ -262,9 +234,11 @@ def ask_within_budget(study, spec: StudySpec, distributions: dict):
     once, and the one whose trial is over the budget marks it failed, untrained."""
     from optuna.trial import TrialState
 
-    with _storage_lock(spec.storage_url):
-        if len(study.get_trials(deepcopy=False)) >= spec.trials:
+    with storage_lock(spec):
+        held = len(study.get_trials(deepcopy=False))
+        if held >= spec.trials:
             return None
+        study.sampler = trial_sampler(spec, held)  # the number the new trial gets
         trial = study.ask(distributions)
     if trial.number < spec.trials:
         return trial
@@ -285,23 +259,3 @@ def _point(params: dict) -> str:
     return "  ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
     )
-
-
-def _report_end(study, spec: StudySpec, number: int, status: int, log: Path, echo) -> None:
-    """Say how trial ``number`` ended; a trial whose objective is no logged figure ends
-    the study (every trial would fail alike)."""
-    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-    state = trial.state.name.lower()
-    if state == "complete":
-        echo(f"trial {number}: {spec.objective.name} {trial.value:.6g}")
-    elif state == "pruned":
-        echo(f"trial {number}: pruned after epoch {trial.last_step + 1}")
-    elif state == "fail":
-        echo(f"trial {number}: failed: {trial.user_attrs.get('error', f'see {log}')}")
-        if trial.user_attrs.get("abort"):
-            raise ConfigError(trial.user_attrs["error"])
-    else:
-        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        last = lines[-1] if lines else "no output"
-        echo(f"trial {number}: its process ended with status {status}, the trial unfinished "
-             f"({last}); the same command resumes it")  # fmt: skip

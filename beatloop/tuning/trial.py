@@ -61,7 +61,8 @@ def run_trial(spec: StudySpec, number: int) -> int:
     import optuna
 
     from beatloop.fitting import fit
-    from beatloop.tuning.study import live_trial, load_study
+    from beatloop.tuning.processes import live_trial
+    from beatloop.tuning.study import load_study
 
     study = load_study(spec)
     trial = live_trial(study, number)
