@@ -142,6 +142,8 @@ def test_a_four_trial_study_on_two_jobs_finishes_and_its_best_trial_replays_bit_
     assert len({t.params["learning_rate"] for t in trials}) == 4  # four points, not one
     best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert f"trial {best.number}: val_accuracy {best.value:.6g}" in printed
+    log = (out / "logs" / f"trial-{best.number:04d}.log").read_text()
+    assert "epoch 1/" in log and "val_accuracy" in log  # the trial's own lines
     assert result.best_config == {"batch_size": 256, **best.params}
     # Importances need two finished trials that fANOVA can tell apart; pruning decides.
     assert result.plots[0].resolve() == out / "history.png"

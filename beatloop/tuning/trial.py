@@ -76,7 +76,7 @@ def run_trial(spec: StudySpec, number: int) -> int:
             steps_per_execution=spec.steps_per_execution,
             run_dir=spec.trial_dir(number),
             callbacks=[reporter],
-            progress=False,
+            progress=True,  # a line per epoch in the trial's log (not a terminal)
             data=_data(spec),
         )
     except RunDirError as error:  # another process runs this trial: leave it to that one
