@@ -421,3 +421,36 @@ def test_training_mode_defaults_to_updated_models_and_can_be_declared(small_digi
     assert ("a", True, False) in recipe.modes and ("b", True, True) in recipe.modes
     assert ("a", False, False) in recipe.modes and ("b", False, False) in recipe.modes  # validation
     assert len(set(recipe.modes)) == 4
+
+
+@pytest.mark.parametrize("known_length", [True, False], ids=["known", "unknown-length"])
+def test_an_epoch_starting_where_a_pass_ended_reads_the_next_pass(
+    small_digits, tmp_path, known_length
+):
+    """12 batches a pass, 4 steps an epoch: epoch 3 ends with the first pass, and epoch 4
+    reads the second from its start (it was "no batches"); resumed there, the same."""
+    train, validation = small_digits  # 200 examples: 12 batches of 17 (the last 13)
+    data = tuple_batches(train, 17)
+    if not known_length:
+        data = data.filter(lambda x, y: True)  # TensorFlow can no longer count it
+    assert (int(data.cardinality()) == 12) == known_length
+    passes = []
+
+    class Passes(Callback):
+        def on_epoch_end(self, run, epoch, logs):
+            passes.append(int(run.state.passes))
+
+    def fit(epochs, run_dir=None, callbacks=()):
+        return beatloop.fit(
+            "supervised", data=(data, tuple_batches(validation, 50)),
+            models={"model": classifier()}, steps_per_epoch=4, epochs=epochs, seed=0,
+            run_dir=run_dir, progress=False, callbacks=list(callbacks),
+        )  # fmt: skip
+
+    whole = fit(5, callbacks=[Passes()])
+    assert whole.steps == 20 and passes == [1, 1, 1, 2, 2]
+    fit(3, tmp_path / "run")
+    resumed = fit(5, tmp_path / "run")
+    assert resumed.history["loss"] == whole.history["loss"]
+    mine, theirs = resumed.models["model"], whole.models["model"]
+    assert_same_weights(model_weights(mine), model_weights(theirs))

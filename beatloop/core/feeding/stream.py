@@ -80,14 +80,25 @@ class DataStream:
     def has_validation(self) -> bool:
         return self._validation is not None
 
-    def train(self, loop: CompiledLoop, limit: int) -> CallResult:
+    def train(self, loop: CompiledLoop, limit: int, epoch_start: bool = False) -> CallResult:
         """One compiled call on the open pass (a pass opens if none is). A call never
-        crosses the end of a pass: at most the pass's remaining batches are asked for."""
+        crosses the end of a pass: at most the pass's remaining batches are asked for.
+        At an epoch's start (``epoch_start``) a pass that ended exactly where the last
+        epoch did (``steps_per_epoch`` a divisor of its length) is closed and the next
+        one read: the epoch is not an empty one."""
         if not self._open:
             if not self._current:
                 self._current.append(iter(self._train))
             self.counters.open_pass()
             self._open, self._taken = True, 0
+        taken = self._taken
+        result = self._on_open_pass(loop, limit)
+        if epoch_start and result.ran == 0 and not result.faulted and taken > 0:
+            self.end_pass()
+            return self.train(loop, limit)
+        return result
+
+    def _on_open_pass(self, loop: CompiledLoop, limit: int) -> CallResult:
         if self._length:
             limit = min(limit, self._length - self._taken)
             if limit == 0:

@@ -213,7 +213,7 @@ class Engine:
                 data_errors("training", self.parts.label, self._labels, self.evaluation.data.train),
                 in_recipe(self.parts.label),
             ):
-                result = self.stream.train(self.parts.train_loop, limit)
+                result = self.stream.train(self.parts.train_loop, limit, epoch_start=done == 0)
             if result.faulted:
                 self.recovery.recover(result, self.parts.bound.beats)
                 done = int(counters.epoch_batches)
