@@ -164,9 +164,10 @@ def fit(
     ``"quality"``: the recipe's ``quality_figure``) keeps the epoch-end checkpoint of the
     best epoch by that figure beside the newest ``max_to_keep`` (not counted among them),
     until a better epoch's replaces it; ``run.json`` names it (``"best"``: figure, mode,
-    epoch, value, checkpoint) and ``restore(run_dir, best=True)`` restores it. A figure
-    the run does not log is refused before training, naming those it does. Off by
-    default; on a resume, omitted, the run's own goes on (another is refused).
+    epoch, value, checkpoint; ``result.best``) and ``restore(run_dir, best=True)``
+    restores it. A figure the run does not log is refused before training, naming those
+    it does. Off by default; on a resume, omitted, the run's own goes on (another is
+    refused).
 
     Bits: a run ends with the weights of any other run of the same recipe, config, seed
     and data on the same machine, in a fresh process or after other work in this one,
@@ -264,16 +265,23 @@ def _as_in_run_dir(result: FitResult, scratch: Path, run_path: Path) -> FitResul
 
 def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) -> FitResult:
     """Build, resume and train with the run dir's lock held. Nothing is written until a
-    resume is accepted and there are epochs to train; a run that fails before its first
-    step puts the run dir back as it was."""
+    resume is accepted and there are epochs to train (but for what a kill after a best's
+    save left: ``Recovery.tidy``); a run that fails before its first step puts the run
+    dir back as it was."""
     engine = start = None
     try:
         engine, history, facts = build(run_path)
         engine.resume()
         if not engine.recovery.trains_more(epochs):
+            tidied = engine.recovery.tidy()
+            written = (
+                f"put right only what a kill after its last save left ({'; '.join(tidied)})"
+                if tidied
+                else "nothing written"
+            )
             warnings.warn(
                 f"the run dir {run_path} holds {epochs} finished epoch(s) already, as many "
-                f"as epochs={epochs} asks for: nothing to train, nothing written (a higher "
+                f"as epochs={epochs} asks for: nothing to train, {written} (a higher "
                 "--epochs trains it further)",
                 UserWarning,
                 stacklevel=3,
@@ -576,5 +584,6 @@ def _result(engine: Engine, history: History) -> FitResult:
         resumed_from=engine.run.resumed_from,
         checkpoint=engine.recovery.latest,
         steps_per_execution=engine.pace.steps,
+        best=engine.recovery.best.result(),
         engine=engine,
     )

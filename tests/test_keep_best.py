@@ -13,6 +13,7 @@ import tensorflow as tf
 from helpers import all_weights, assert_same_weights
 
 import beatloop
+from beatloop.callbacks.standard import format_figure
 from beatloop.cli import main
 from beatloop.core.running.best import BestKeeper
 
@@ -59,6 +60,7 @@ def test_the_best_epoch_is_the_histories_argmin_and_kept_beside_the_latest(kept)
         "value": losses[epoch - 1],
         "checkpoint": f"ckpt-{epoch + 1}",  # ckpt-1 is the start's
     }
+    assert result.best == best  # FitResult.best: what run.json records
     record = json.loads((run_dir / "run.json").read_text())
     assert record["keep_best"] == "val_loss:min"
     latest = f"ckpt-{EPOCHS + 1}"
@@ -74,8 +76,11 @@ def test_restore_best_is_the_run_stopped_at_the_best_epoch(kept):
     assert restored.checkpoint.endswith(best["checkpoint"])
     assert restored.history == stopped.history
     assert_same_weights(all_weights(restored.models), all_weights(stopped.models))
+    assert restored.best == best
     latest = beatloop.restore(run_dir)
     assert latest.epochs == EPOCHS  # without best: the latest, as before
+    assert latest.best == best  # the latest checkpoint holds the best too
+    assert stopped.best is None  # a run without keep_best
 
 
 def test_evaluate_best_equals_evaluating_the_stopped_run(kept, capsys):
@@ -87,7 +92,7 @@ def test_evaluate_best_equals_evaluating_the_stopped_run(kept, capsys):
     assert main(["evaluate", str(run_dir), "--best"]) == 0
     lines = capsys.readouterr().out.split("\n")
     printed = dict(line.split() for line in lines if line.strip())
-    assert {name: float(value) for name, value in printed.items()} == figures
+    assert printed == {name: format_figure(value) for name, value in figures.items()}
 
 
 def test_best_without_a_kept_best_is_a_clear_error(kept, capsys):
@@ -131,6 +136,29 @@ def test_a_kill_before_run_json_names_the_new_best_loses_nothing(kept, tmp_path,
     assert checkpoint_names(tmp_path / "r") == ["ckpt-3", "ckpt-4"]
     fit(tmp_path / "r", keep_best="val_loss:min", max_to_keep=1)
     assert best_of(tmp_path / "r") == best_of(run_dir)
+    assert checkpoint_names(tmp_path / "r") == checkpoint_names(run_dir)
+
+
+class StopAt(beatloop.Callback):
+    """Stops the run (as a kill would) once a call ends at ``step`` or later."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_execution_end(self, run, steps, logs):
+        if run.step >= self.step:
+            raise Killed
+
+
+def test_a_resume_before_any_epoch_ended_goes_on_with_the_runs_keep_best(kept, tmp_path):
+    run_dir, _, _, _ = kept
+    with pytest.raises(Killed):  # in epoch 1: only the start's checkpoint, no best yet
+        fit(tmp_path / "r", keep_best="val_loss:min", max_to_keep=1, callbacks=[StopAt(5)])
+    assert checkpoint_names(tmp_path / "r") == ["ckpt-1"]
+    with pytest.raises(beatloop.ConfigError, match="keeps the best epoch by val_loss:min"):
+        fit(tmp_path / "r", keep_best="val_accuracy:max")
+    resumed = fit(tmp_path / "r", max_to_keep=1)  # keep_best omitted: the run's own
+    assert resumed.best == best_of(tmp_path / "r") == best_of(run_dir)
     assert checkpoint_names(tmp_path / "r") == checkpoint_names(run_dir)
 
 

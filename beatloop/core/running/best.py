@@ -19,7 +19,7 @@ from pathlib import Path
 
 from beatloop.core.compiled.averaged import evaluated_pairs, raw_figures
 from beatloop.core.failures.errors import ConfigError
-from beatloop.core.saving.record import update_run_json
+from beatloop.core.saving.record import read_run_json, update_run_json
 
 MODES = ("min", "max")
 
@@ -118,19 +118,32 @@ class BestKeeper:
         """The new best's checkpoint was saved at ``path``."""
         self.best["checkpoint"] = Path(path).name
 
+    def result(self) -> dict | None:
+        """The best as a run's result holds it (a copy; ``None`` while there is none)."""
+        return None if self.best is None else dict(self.best)
+
     def host_state(self) -> dict:
-        """What a checkpoint holds of the best (nothing while there is none)."""
-        return {} if self.best is None else {"best": dict(self.best)}
+        """What a checkpoint holds of ``keep_best``: the figure and mode kept by, from
+        the first checkpoint on (so a resume that does not say ``keep_best`` goes on with
+        it before any epoch has ended), and the best so far (nothing for a run without
+        it)."""
+        if not self.on:
+            return {}
+        kept = {"keep_best": ":".join(self.asked)}
+        return kept if self.best is None else {**kept, "best": dict(self.best)}
 
     def restore(self, host: Mapping, path: str, directory: Path) -> None:
         """Take the best a checkpoint at ``path`` holds: a ``checkpoint`` of ``None``
         names ``path`` itself. A resume asking for another figure or mode is refused; a
         best whose checkpoint is gone (a damaged newest one was skipped) is dropped."""
         stored = host.get("best")
-        if stored is None:
+        if "keep_best" in host:  # written by every checkpoint of the run, best or not
+            kept = tuple(host["keep_best"].rsplit(":", 1))
+        elif stored is not None:  # a checkpoint written before the figure was kept apart
+            kept = (stored["figure"], stored["mode"])
+        else:
             self.best = None
             return
-        kept = (stored["figure"], stored["mode"])
         if self.asked is not None and self.asked != kept:
             raise ConfigError(
                 f"the run in {directory.parent} keeps the best epoch by "
@@ -139,14 +152,24 @@ class BestKeeper:
                 "another run dir"
             )
         self.asked = kept
-        self.best = {**stored, "checkpoint": stored.get("checkpoint") or Path(path).name}
-        if not Path(directory, f"{self.best['checkpoint']}.index").exists():
-            self.best = None
+        self.best = None
+        if stored is not None:
+            name = stored.get("checkpoint") or Path(path).name
+            if Path(directory, f"{name}.index").exists():
+                self.best = {**stored, "checkpoint": name}
 
     def write(self, run_json: Path) -> None:
-        """Record the best in ``run.json`` (rewritten whole, atomically)."""
-        if self.best is not None and run_json.exists():
-            update_run_json(run_json, best=dict(self.best))
+        """Record the best in ``run.json`` (rewritten whole, atomically; ``null`` while
+        there is none)."""
+        if self.on and run_json.exists():
+            update_run_json(run_json, best=self.result())
+
+    def recorded(self, run_json: Path) -> bool:
+        """Whether ``run.json`` names the best this keeper holds (``True`` without
+        ``keep_best`` or without a ``run.json``: nothing there to be wrong)."""
+        if not self.on or not run_json.exists():
+            return True
+        return read_run_json(run_json).get("best") == self.result()
 
 
 def best_keeper(engine) -> BestKeeper:

@@ -13,6 +13,7 @@ import contextlib
 import signal
 import threading
 import warnings
+from pathlib import Path
 
 from beatloop.core.compiled.counters import Counters
 from beatloop.core.compiled.loop import CallResult
@@ -167,8 +168,34 @@ class Recovery:
         self._saved_step = int(self.counters.step)
         if better:
             self.best.settle(self.saved[-1])
-            self.best.write(self.checkpoints.directory.parent / "run.json")
+            self.best.write(self._run_json)
             self.checkpoints.protect(self.best.checkpoint)
+
+    @property
+    def _run_json(self) -> Path:
+        return self.checkpoints.directory.parent / "run.json"
+
+    def tidy(self) -> list[str]:
+        """After a resume with nothing to train, put right what a kill after the last
+        save of a new best left, and say what (``[]``: nothing, nothing written):
+        ``run.json`` names the best the checkpoint holds (the kill came before it was
+        rewritten), and checkpoints older than the best and the newest ``max_to_keep``
+        (the former best) go (it came before they were deleted)."""
+        done, best = [], self.best.checkpoint
+        if not self.best.recorded(self._run_json):
+            self.best.write(self._run_json)
+            done.append(f"run.json names the best epoch's checkpoint, {best or 'none'}")
+        names = self._checkpoint_names()
+        if best in names:
+            former = set(names[: names.index(best)]) - set(names[-self.options.max_to_keep :])
+            if former:
+                self.checkpoints.protect(best)
+                left = self._checkpoint_names()
+                done += [f"removed {name}" for name in sorted(former) if name not in left]
+        return done
+
+    def _checkpoint_names(self) -> list[str]:
+        return [Path(path).name for path in self.checkpoints.paths()]
 
     def save_first(self) -> None:
         """At the start of a new run: a step-0 checkpoint, something to roll back to."""
@@ -221,6 +248,8 @@ class Recovery:
         position = self.counters.position()
         path, host = self.checkpoints.restore_latest(self.record)
         self._restore_host(path, host)
+        if not self.best.recorded(self._run_json):  # an older checkpoint's best (the
+            self.best.write(self._run_json)  # newer ones could not be read)
         if int(self.counters.epoch_batches) == 0:
             self.metrics.reset()
         skipped = position["epoch_batches"] - int(self.counters.epoch_batches)

@@ -40,6 +40,12 @@ class FitResult:
     #: values can come from different epochs: a recipe in phases logs other figures in
     #: each phase); empty when it is not known (a checkpoint written before it was kept).
     last_epoch: Mapping[str, float] = attrs.field(factory=dict)
+    #: The best epoch kept with ``keep_best``, as ``run.json`` records it: ``{"figure",
+    #: "mode", "epoch", "value", "checkpoint"}`` (``epoch``: finished epochs, from 1;
+    #: ``checkpoint``: its name in ``RUN_DIR/checkpoints``); the one the run ended with,
+    #: or for ``restore`` the one its restored checkpoint holds (``best=True``: that
+    #: checkpoint itself). ``None``: the run keeps no best, or no epoch has a finite figure.
+    best: Mapping[str, Any] | None = None
     #: The engine that ran (or restored) the run, which ``evaluate`` runs on.
     engine: Any = attrs.field(default=None, repr=False, eq=False)
 
