@@ -103,6 +103,7 @@ _EXPORTS = {
     "EarlyStopping": "beatloop.callbacks.standard",
     "TensorBoard": "beatloop.callbacks.tensorboard",
     "Profiler": "beatloop.callbacks.profiler",
+    "MlflowLogger": "beatloop.callbacks.mlflow",
     # errors
     "BeatloopError": "beatloop.core.failures.errors",
     "ConfigError": "beatloop.core.failures.errors",
@@ -126,6 +127,7 @@ _EXPORTS = {
     "IgnoredSettingWarning": "beatloop.core.failures.errors",
     "InferredSettingWarning": "beatloop.core.data.source",
     "DataChangedWarning": "beatloop.named_data.identity",
+    "TrackingWarning": "beatloop.callbacks.mlflow",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -181,6 +183,7 @@ moved.install()
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; never executed
+    from beatloop.callbacks.mlflow import MlflowLogger, TrackingWarning
     from beatloop.callbacks.profiler import Profiler
     from beatloop.callbacks.standard import (
         CsvLogger,

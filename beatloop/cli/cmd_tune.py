@@ -71,6 +71,14 @@ def add_command(commands) -> None:
     )
     tune.add_argument("--study-name", help="the study's name in the storage (default: the recipe)")
     tune.add_argument("--out", type=Path, help="the study's dir (default: runs/tune-RECIPE)")
+    tune.add_argument(
+        "--callback",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a registered callback each trial runs, e.g. mlflow: the study an MLflow run, "
+        "each trial's run nested in it (repeatable; default: none)",
+    )
     add_steps_per_execution(tune)
     tune.set_defaults(steps_per_execution=None)
     add_data_options(tune)
@@ -89,6 +97,7 @@ def run(args) -> int:
     space = [*values.pop("space", []), *args.space]
     settings = [*values.pop("set", []), *args.set]
     data_settings = [*values.pop("data_set", []), *args.data_set]
+    callbacks = [*values.pop("callbacks", []), *args.callback]
     for name in DEFAULTS:
         given = getattr(args, name)
         values[name] = given if given is not None else values.get(name, DEFAULTS[name])
@@ -99,6 +108,7 @@ def run(args) -> int:
         out=Path(out),
         settings=settings,
         data_settings=data_settings,
+        callbacks=callbacks,
         **values,
     )
     print()
@@ -122,7 +132,7 @@ def _from_file(path: Path) -> dict:
         values = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path} is not valid TOML: {error}") from None
-    known = {"recipe", "space", "config", "data_set", *DEFAULTS}
+    known = {"recipe", "space", "config", "data_set", "callbacks", *DEFAULTS}
     unknown = [f"{k!r}{did_you_mean(k, known)}" for k in values if k not in known]
     if unknown:
         raise ConfigError(
@@ -134,6 +144,9 @@ def _from_file(path: Path) -> dict:
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: [{key}] expects a table of NAME = value, got {table!r}")
         tables[flag] = [f"{name}={setting_text(v)}" for name, v in table.items()]
+    named = values.get("callbacks", [])
+    if not isinstance(named, list) or not all(isinstance(name, str) for name in named):
+        raise ConfigError(f"{path}: 'callbacks' expects a list of callback names, got {named!r}")
     for key in ("trials", "epochs", "seed", "jobs"):
         if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool)):
             raise ConfigError(f"{path}: {key!r} expects an integer, got {values[key]!r}")

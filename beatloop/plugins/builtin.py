@@ -25,6 +25,7 @@ def register_recipes() -> list[type]:
 
 @hookimpl
 def register_callbacks() -> list[type]:
+    from beatloop.callbacks.mlflow import MlflowLogger
     from beatloop.callbacks.profiler import Profiler
     from beatloop.callbacks.standard import (
         CsvLogger,
@@ -37,7 +38,7 @@ def register_callbacks() -> list[type]:
 
     return [
         ProgressBar, JsonLinesLogger, CsvLogger, EarlyStopping, TensorBoard, TrainingTimer,
-        Profiler,
+        Profiler, MlflowLogger,
     ]  # fmt: skip
 
 

@@ -57,16 +57,19 @@ def tune(
     data: str | None = None,
     data_settings: Sequence[str] = (),
     validation_data: str | None = None,
+    callbacks: Sequence[str] = (),
     echo: Callable[[str], None] = print,
 ) -> TuneResult:
     """Search ``space`` (``["learning_rate=log:1e-4:1e-1"]`` or ``{"learning_rate":
     "log:1e-4:1e-1"}``) of ``recipe``'s config for the best ``objective`` (``"val_loss:min"``;
     default: the recipe's quality figure) in ``trials`` runs of ``epochs``, ``jobs`` at
     once, each in its own process and run dir under ``out``. A study already in the
-    storage continues: a trial a killed command left resumes from its checkpoint."""
+    storage continues: a trial a killed command left resumes from its checkpoint.
+    ``callbacks``: registered callbacks each trial runs, by name; with ``"mlflow"`` the
+    study is an MLflow run and each trial's run is nested in it ([Tracking](tracking.md))."""
     from beatloop.core.failures.errors import ConfigError, RunDirError
     from beatloop.core.schedule.config import parse_settings
-    from beatloop.plugins.registry import get_recipe
+    from beatloop.plugins.registry import get_recipe, registry
     from beatloop.tuning.report import write_best_toml, write_plots
     from beatloop.tuning.space import parse_space
     from beatloop.tuning.spec import PRUNERS, parse_objective
@@ -84,6 +87,8 @@ def tune(
         raise ConfigError(f"--pruner expects one of {', '.join(PRUNERS)}, got {pruner!r}")
     texts = [f"{k}={v}" for k, v in space.items()] if isinstance(space, Mapping) else list(space)
     cls = get_recipe(recipe)
+    for name in callbacks:  # a misspelt name, before any trial
+        registry().callback(name)
     owner = f"recipe {recipe!r}"
     fixed = parse_settings(settings, cls.Config, owner)
     parse_space(texts, cls.Config, owner, fixed)  # every name and range, before any trial
@@ -103,8 +108,15 @@ def tune(
         data=data,
         data_settings=tuple(data_settings),
         validation_data=validation_data,
+        callbacks=tuple(callbacks),
     )
+    if "mlflow" in spec.callbacks:  # the parent run, made (or found) before any trial
+        spec = attrs.evolve(spec, mlflow_parent=_study_run(spec))
     study = run_study(spec, jobs=jobs, echo=echo)
+    if spec.mlflow_parent is not None:
+        from beatloop.callbacks.mlflow_store import end_study_run
+
+        end_study_run(spec.mlflow_parent, spec.out)
     with storage_errors(spec):
         refuse_if_none_finished(study, spec)
         if not os.access(spec.out, os.W_OK | os.X_OK):  # a finished study, shown as it is
@@ -117,3 +129,13 @@ def tune(
             raise RunDirError(
                 f"the study's report in {spec.out} cannot be written: {error}"
             ) from None
+
+
+def _study_run(spec: StudySpec) -> str:
+    """The study's MLflow run (``--callback mlflow``), in the store its trials log to."""
+    from beatloop.callbacks.mlflow_store import study_run
+
+    params = {"recipe": spec.recipe, "objective": spec.objective.text, "trials": spec.trials,
+              "epochs": spec.epochs, "seed": spec.seed, "space": " ".join(spec.space),
+              "fixed": " ".join(spec.fixed)}  # fmt: skip
+    return study_run(spec.recipe, spec.name, f"{spec.storage_url}#{spec.name}", params, spec.out)

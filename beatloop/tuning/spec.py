@@ -74,6 +74,10 @@ class StudySpec:
     data: str | None = None
     data_settings: tuple[str, ...] = ()
     validation_data: str | None = None
+    #: Registered callbacks each trial runs (``--callback``; not part of the identity).
+    callbacks: tuple[str, ...] = ()
+    #: The study's MLflow run, its trials' runs nested in it (with ``--callback mlflow``).
+    mlflow_parent: str | None = None
 
     @property
     def storage_url(self) -> str:

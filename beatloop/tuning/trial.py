@@ -56,6 +56,22 @@ def trial_config(spec: StudySpec, params: dict[str, Any]) -> dict[str, Any]:
     return {**fixed, **space.overrides(params, cls.Config, owner)}
 
 
+def trial_callbacks(spec: StudySpec, number: int) -> list[Callback]:
+    """The callbacks ``tune --callback`` names, made as ``run --callback`` makes them; the
+    MLflow logger's run named for the trial and nested in the study's."""
+    from beatloop.plugins.registry import registry
+
+    made = []
+    for name in spec.callbacks:
+        cls = registry().callback(name).cls
+        if name == "mlflow":
+            nested = {"parent_run_id": spec.mlflow_parent, "params": {"trial": number}}
+            made.append(cls(run_name=f"trial-{number:04d}", **nested))
+        else:
+            made.append(cls())
+    return made
+
+
 def run_trial(spec: StudySpec, number: int) -> int:
     """Train trial ``number`` of the study and tell the study its end; the exit status."""
     import optuna
@@ -75,7 +91,7 @@ def run_trial(spec: StudySpec, number: int) -> int:
             seed=spec.seed,
             steps_per_execution=spec.steps_per_execution,
             run_dir=spec.trial_dir(number),
-            callbacks=[reporter],
+            callbacks=[reporter, *trial_callbacks(spec, number)],
             progress=True,  # a line per epoch in the trial's log (not a terminal)
             data=_data(spec),
         )
