@@ -52,6 +52,14 @@ def add_command(commands) -> None:
         "choice:A,B,... (repeatable)",
     )
     add_set_option(tune, "fix a config field in every trial (repeatable)")
+    _add_study_options(tune)
+    add_steps_per_execution(tune)
+    tune.set_defaults(steps_per_execution=None)
+    add_data_options(tune)
+
+
+def _add_study_options(tune) -> None:
+    """The study's budget, objective, storage and what each trial runs with."""
     tune.add_argument("--trials", type=int, help="trials in the study (default 20)")
     tune.add_argument("--epochs", type=int, help="epochs per trial (default 3)")
     tune.add_argument("--seed", type=int, help="every trial's seed and the sampler's (default 0)")
@@ -79,9 +87,6 @@ def add_command(commands) -> None:
         help="a registered callback each trial runs, e.g. mlflow: the study an MLflow run, "
         "each trial's run nested in it (repeatable; default: none)",
     )
-    add_steps_per_execution(tune)
-    tune.set_defaults(steps_per_execution=None)
-    add_data_options(tune)
 
 
 def run(args) -> int:
