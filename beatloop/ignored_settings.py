@@ -1,6 +1,8 @@
 """Settings a run is given that have no effect on it, named in a warning before it
 starts: the recipe's ``validation_fraction`` when ``data=`` is given, and config fields
-only ``build_models`` reads when ``models=`` gives every model the recipe uses.
+only ``build_models`` reads when ``models=`` gives every model the recipe uses. Data a
+recipe would never read (``--data`` for a recipe whose own loop makes its data) is
+refused instead: ``run.json`` would record it as the training data.
 
 A setting counts as given to ``fit`` when its ``config=`` (``--set``) names it; for a
 ``--data`` source (``beatloop.sources``), when its value differs from its default. Which
@@ -21,7 +23,9 @@ from typing import Any
 
 import attrs
 
-from beatloop.core.failures.errors import IgnoredSettingWarning
+from beatloop.core.data.batches import as_data_split
+from beatloop.core.data.data_origin import is_loop_data
+from beatloop.core.failures.errors import BeatloopError, ConfigError, IgnoredSettingWarning
 from beatloop.core.running.recipe import Recipe, defines
 
 
@@ -52,7 +56,8 @@ def warn_ignored_settings(
     """Warn of each field of ``config`` (``fit``'s overrides of ``recipe``'s config: what
     the call itself sets) that ``fit(data=..., models=...)`` ignores. A recipe configured
     before the call (its models perhaps built with its own ``build_models``) is not
-    judged."""
+    judged. Data the recipe would never read is refused (``refuse_unread_data``)."""
+    refuse_unread_data(recipe, data)
     changed = {name: getattr(recipe.config, name) for name in config or {}}
     label = f"recipe {recipe.name!r}"
     fraction = changed.get("validation_fraction")
@@ -70,6 +75,41 @@ def warn_ignored_settings(
             f"config {name}={changed[name]!r} (--set {name}=...) has no effect: only {label}'s "
             f"build_models reads it, and models= gives every model the recipe uses "
             f"({', '.join(names)}); build the models you pass with it instead"
+        )
+
+
+def refuse_unread_data(recipe: Recipe, data: object) -> None:
+    """A ConfigError for ``data`` given to a recipe whose own loop makes its data (its
+    ``default_data`` is ``loop_data()``'s ticks, with a ``steps_per_epoch``): a data
+    source (``--data``) or batches other than ticks, which it would never read but
+    ``run.json`` would record as its training data. Called before anything is read
+    or written; data ``fit`` cannot take is left to it."""
+    if data is None or recipe.steps_per_epoch is None or not defines(recipe, "default_data"):
+        return
+    if not is_loop_data(recipe.default_data(0).train):
+        return
+    label = f"recipe {recipe.name!r}"
+    why = (
+        f"{label} makes its own data (its default_data is beatloop.loop_data()'s ticks, "
+        "which only drive its steps: its acts make what it learns from), so it reads none"
+    )
+    if callable(data):
+        named = getattr(data, "source", None)
+        given = f"--data {named}" if isinstance(named, str) else "data= (a function)"
+        raise ConfigError(
+            f"{why}: {given} would be ignored, yet recorded in run.json as the training "
+            "data (a change to it would then refuse the run's resume); run it without --data"
+        )
+    try:
+        train = as_data_split(data).train
+    except BeatloopError:
+        return  # refused as fit reads it
+    if not is_loop_data(train):
+        spec = train.element_spec
+        keys = ", ".join(map(repr, spec)) if isinstance(spec, Mapping) else type(spec).__name__
+        raise ConfigError(
+            f"{why}: data= gives batches ({keys}) it would never read; pass no data=, or "
+            "ticks (e.g. beatloop.loop_data().train.take(10) as validation data)"
         )
 
 

@@ -132,7 +132,10 @@ class Dqn(Recipe):
     def build_state(self) -> dict[str, tf.Variable]:
         """The environment's state (``env_*``), the episode's step and return, the
         agent's step count (epsilon's clock), the replay buffer with the count of
-        transitions ever stored, and this epoch's finished episodes and their returns."""
+        transitions ever stored, and this epoch's finished episodes and their returns.
+        The environment is checked first (``Environment.check``): its methods traced
+        once, as the step and the greedy roll-out trace them."""
+        self.environment.check()
         size, width = self.config.buffer_size, self.environment.observation_size
 
         def variable(value):

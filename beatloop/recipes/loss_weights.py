@@ -26,6 +26,16 @@ WEIGHTINGS = ("fixed", "uncertainty", "dwa")
 WEIGHTING_HELP = "fixed, uncertainty (Kendall et al. 2018) or dwa (Dynamic Weight Average)"
 
 
+def non_negative(instance, attribute, value) -> None:
+    """The ``weights`` config field's validator: finite weights of at least 0 (a
+    negative weight makes the step maximise its task's loss)."""
+    if any(not math.isfinite(w) or w < 0 for w in value):
+        raise ValueError(
+            f"{attribute.name} takes finite loss weights of at least 0, got {list(value)}: "
+            "a negative weight makes each step maximise its task's loss"
+        )
+
+
 class LogVariances(keras.layers.Layer):
     """One learned log-variance ``s`` per task (uncertainty weighting), each its own
     variable so a task's beat can own its own."""

@@ -128,7 +128,10 @@ class MultitaskConfig:
     weighting: Literal["fixed", "uncertainty", "dwa"] = choice(
         "fixed", loss_weights.WEIGHTINGS, loss_weights.WEIGHTING_HELP
     )
-    weights: tuple[float, ...] = setting((), "fixed weights, one per task (default: all 1)")
+    weights: tuple[float, ...] = setting(
+        (), "fixed weights, one per task, each at least 0 (default: all 1)",
+        loss_weights.non_negative,
+    )  # fmt: skip
     dwa_temperature: float = setting(2.0, "DWA's temperature T", _positive)
     hidden: int = setting(64, "width of the shared backbone", _positive)
     learning_rate: float = setting(1e-3, "Adam's learning rate", _positive)

@@ -17,6 +17,7 @@ over replicas is the one-device minibatch.
 from __future__ import annotations
 
 import math
+import warnings
 
 import attrs
 import keras
@@ -25,10 +26,13 @@ import tensorflow as tf
 from beatloop import (
     Act,
     Beat,
+    Callback,
     ClipByGlobalNorm,
     DataSplit,
     Environment,
+    IgnoredSettingWarning,
     Recipe,
+    Run,
     Schedule,
     loop_data,
     make_environment,
@@ -60,8 +64,8 @@ class PpoConfig:
     shared_torso: bool = setting(False, "actor and critic share their hidden layers (one model)")
     learning_rate: float = setting(1e-3, "Adam's (first) learning rate", _positive)
     anneal_rollouts: int = setting(
-        80, "rollouts over which the learning rate falls linearly to 0 (0: it stays)",
-        _non_negative,
+        80, "rollouts over which the learning rate falls linearly to 0, then stays there (a "
+        "run with more is warned of; 0: no annealing)", _non_negative,
     )  # fmt: skip
     gamma: float = setting(0.99, "the discount of future rewards", _fraction)
     gae_lambda: float = setting(0.95, "GAE's lambda: the bias-variance trade of advantages",
@@ -113,6 +117,44 @@ class LinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"initial": self.initial, "updates": self.updates}
+
+
+def annealing_outlasted(config: PpoConfig, epochs: int, steps_per_epoch: int | None) -> str | None:
+    """What to warn of when a run of ``epochs`` of ``steps_per_epoch`` outlasts the
+    learning rate's annealing (its steps after the rate reached 0 train nothing); ``None``
+    when it does not."""
+    updates = config.updates_per_rollout
+    if not config.anneal_rollouts or not steps_per_epoch:
+        return None
+    annealed, planned = config.anneal_rollouts * updates, epochs * steps_per_epoch
+    if planned <= annealed:
+        return None
+    needed = math.ceil(planned / updates)
+    stopped = " (target_kl's stopped updates delay it)" if config.target_kl is not None else ""
+    return (
+        f"recipe 'ppo': the learning rate falls linearly to 0 over anneal_rollouts="
+        f"{config.anneal_rollouts} rollouts ({annealed} updates){stopped}, reached in epoch "
+        f"{math.ceil(annealed / steps_per_epoch)} of the {epochs} this run asks for: the "
+        f"steps after it train nothing. To anneal over the whole run set anneal_rollouts="
+        f"{needed} (--set anneal_rollouts={needed}: {epochs} epochs of {steps_per_epoch} "
+        "updates), or 0 to keep the rate"
+    )
+
+
+class AnnealingCheck(Callback):
+    """Warns at a run's start (``IgnoredSettingWarning``) when its epochs outlast the
+    learning rate's annealing: ``anneal_rollouts`` counts rollouts, not the run's epochs,
+    as CleanRL's annealing counts the timesteps it is told."""
+
+    def __init__(self, config: PpoConfig):
+        self.config = config
+
+    def on_fit_start(self, run: Run) -> None:
+        if run.epoch >= run.epochs:  # nothing left to train
+            return
+        warning = annealing_outlasted(self.config, run.epochs, run.steps_per_epoch)
+        if warning is not None:
+            warnings.warn(warning, IgnoredSettingWarning, stacklevel=2)
 
 
 class Ppo(Recipe):
@@ -180,8 +222,12 @@ class Ppo(Recipe):
     def build_state(self) -> dict[str, tf.Variable]:
         """The N environments (``env_*``) and their episodes' step and return, the
         updates taken, the rollout's records, advantages and returns (``[T, N]``), its
-        E shuffles (``order``), and this epoch's finished episodes and their returns."""
+        E shuffles (``order``), and this epoch's finished episodes and their returns.
+        The environment is checked first (``Environment.check``): its batched methods on
+        ``envs`` copies, as the rollout traces them, and its single-copy ones, as the
+        greedy roll-out does."""
         c, env = self.config, self.environment
+        env.check(copies=c.envs)
         shape, rows = [c.rollout_steps, c.envs], c.rollout_steps * c.envs
 
         def variable(value):
@@ -228,6 +274,9 @@ class Ppo(Recipe):
 
     def losses(self):
         return {"ppo": self.ppo}
+
+    def callbacks(self) -> list[Callback]:
+        return [AnnealingCheck(self.config)]
 
     def schedule(self) -> Schedule:
         updates = "agent" if self.config.shared_torso else ("policy", "value")

@@ -75,13 +75,17 @@ class RecommenderConfig:
         "fixed", loss_weights.WEIGHTINGS, loss_weights.WEIGHTING_HELP
     )
     weights: tuple[float, ...] = setting(
-        (), "fixed weights of the retrieval and rating losses (default: 1, 1)"
-    )
+        (), "fixed weights of the retrieval and rating losses, each at least 0 (default: 1, 1)",
+        loss_weights.non_negative,
+    )  # fmt: skip
     dwa_temperature: float = setting(2.0, "DWA's temperature T", _positive)
     logq: bool = setting(
         True, "correct the in-batch softmax for item popularity (logit minus log share)"
     )
-    top_k: int = setting(10, "K of the figures' recall@K and of the exported top items", _positive)
+    top_k: int = setting(
+        10, "K of the figures' recall@K and of the exported top items: below the data's items",
+        _positive,
+    )  # fmt: skip
     learning_rate: float = setting(0.05, "Adam's learning rate", _positive)
     batch_size: int = setting(128, "batch size of the built-in data", _positive)
     users: int = setting(500, "built-in data: users", _positive)
@@ -145,7 +149,17 @@ class Recommender(Recipe):
         return synthetic_split(seed, c.batch_size, c.users, c.items, c.ratings_per_user)
 
     def read_training_data(self, train: tf.data.Dataset) -> None:
+        """The vocabularies; a ``top_k`` not below the items the data has is refused
+        (every row would be a hit of recall@K)."""
         self.vocabulary = read_vocabulary(train, self.config.user_key, self.config.item_key)
+        items, k = len(self.vocabulary.items), self.config.top_k
+        if k >= items:
+            fewer = max(1, min(10, items - 1))
+            raise ConfigError(
+                f"recipe {self.name!r}: top_k={k} is not below the {items} items of the "
+                f"training data, so recall@{k} would count every row as a hit (it would read "
+                f"1, meaning nothing); set top_k below {items} (--set top_k={fewer})"
+            )
 
     def _vocabulary(self) -> Vocabulary:
         if self.vocabulary is None:

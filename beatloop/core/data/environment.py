@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 import attrs
 import tensorflow as tf
 
+from beatloop.core.data.environment_check import check_environment
+
 State = dict[str, tf.Tensor]
 
 
@@ -123,6 +125,20 @@ class Environment(abc.ABC):
             key: tf.Variable(value, trainable=False, name=key)
             for key, value in self.initial_state().items()
         }
+
+    def check(self, copies: int | None = None) -> None:
+        """Refuse this environment before a run's first step when its methods do not
+        fit its sizes: ``reset``, ``observe`` and ``step`` (with ``copies``, also
+        ``reset_batch``, ``observe_batch`` and ``step_batch`` on that many copies) traced
+        once without AutoGraph, as a recipe traces them; nothing runs. The state must
+        keep ``initial_state()``'s keys, dtypes and shapes, an observation be float32 of
+        ``observation_size``, a reward float32 and a terminal flag bool (scalars, or one
+        per copy). A mismatch is a ``ConfigError`` naming the environment, the method,
+        what was expected and what was found; an exception a method raises, a
+        ``UserCodeError`` (a Python branch on a tensor: a ``ConfigError`` saying to use
+        ``tf.where``/``tf.cond``). The ``dqn`` and ``ppo`` recipes call it as they build
+        their state."""
+        check_environment(self, copies)
 
     def describe(self) -> str:
         """``chain (observation 10, 2 actions, horizon 30)``: for messages and ``show``."""

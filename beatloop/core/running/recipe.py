@@ -9,6 +9,7 @@ implement the abstract parts; registration checks that they did. ``default_data`
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -18,10 +19,11 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.compiled.forward import ModelCalls
+from beatloop.core.compiled.user_code import user_frame
 from beatloop.core.data.batches import DataSplit
 from beatloop.core.events.callbacks import Callback, Order
 from beatloop.core.events.run import Run
-from beatloop.core.failures.errors import ConfigError
+from beatloop.core.failures.errors import BeatloopError, ConfigError, UserCodeError
 from beatloop.core.schedule.beats import Schedule
 from beatloop.core.schedule.phases import Phases
 from beatloop.core.schedule.supplied import SuppliedModel, model_names, no_models_message
@@ -64,6 +66,11 @@ class Recipe(abc.ABC):
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
     for figures logged with each epoch.
+
+    An exception a subclass's ``default_data``, ``read_training_data``, ``build_models``,
+    ``build_state`` or ``epoch_figures`` raises reaches the user as a ``UserCodeError``
+    naming the recipe, the method and its line (``REPORTED``); beatloop's own errors
+    raised there pass unchanged.
     """
 
     name: ClassVar[str] = ""
@@ -95,6 +102,14 @@ class Recipe(abc.ABC):
 
     def __init__(self, config: Any = None):
         self.config = self.Config() if config is None else config
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's own methods of ``REPORTED`` report what they raise."""
+        super().__init_subclass__(**kwargs)
+        for method in REPORTED:
+            function = vars(cls).get(method)
+            if inspect.isfunction(function):
+                setattr(cls, method, _reported(function, method))
 
     @classmethod
     def description(cls) -> str:
@@ -196,6 +211,32 @@ class Recipe(abc.ABC):
         """Callbacks this recipe adds to every run of it (e.g. one that saves samples);
         hand them the recipe (``SampleGrid(self)``) rather than reading ``run.recipe``."""
         return []
+
+
+#: A recipe's methods called outside any step (those that build a run's parts, and its
+#: epoch figures): an exception one raises (beatloop's own errors aside: a recipe's
+#: ``ConfigError`` stays one) becomes a ``UserCodeError`` naming the recipe, the method
+#: and its line, as a loss's does.
+REPORTED = (
+    "default_data", "read_training_data", "build_models", "build_state", "epoch_figures",
+)  # fmt: skip
+
+
+def _reported(function: Callable, method: str) -> Callable:
+    """``function`` (a recipe's ``method``) with its exceptions reported."""
+
+    @functools.wraps(function)
+    def reported(self, *args, **kwargs):
+        try:
+            return function(self, *args, **kwargs)
+        except BeatloopError:
+            raise
+        except Exception as error:
+            raise UserCodeError(
+                f"{method}()", error, recipe=f"recipe {self.name!r}", at=user_frame(error)
+            ) from error
+
+    return reported
 
 
 class EpochFigures(Callback):
