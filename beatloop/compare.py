@@ -6,6 +6,11 @@ Each run goes in its own process (``python -m beatloop.compare SPEC``), so its t
 not disturbed by the runs before it and its peak memory is its own. With several seeds
 each figure is a mean over the seeds with a 95% bootstrap interval, and the table says
 whether the best quality is ahead of the others by more than the seeds' spread.
+
+A run that fails ends its entry (the entry's other runs are not started, or stopped),
+not the comparison: the other entries run on, the table and ``compare.json`` hold the
+entries whose every run finished, and ``ComparisonFailed`` then names each failed run
+in beatloop's words with the exit code its failure has on the command line.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import attrs
 
 from beatloop.compare_report import bootstrap_interval, plot_loss_curves, quality_lead
+from beatloop.core.failures.errors import BeatloopError
 
 #: A row's figures that get a mean and an interval over the seeds (``final_losses`` too,
 #: per beat, and ``quality_value``).
@@ -49,6 +55,52 @@ class Entry:
     def slug(self) -> str:
         text = "-".join(self.label.split(" "))
         return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+@attrs.frozen
+class RunFailure:
+    """One run of a comparison that failed: its entry's ``label``, ``seed`` and
+    ``run_dir``; ``message``, what ended it in beatloop's words (no class path);
+    ``exit_code``, what ``beatloop run`` would have exited with (``EXIT_CODES``: a
+    ``NumericsError`` is 4). ``own_words``: the message is the recipe's own (a
+    ``UserCodeError``), to be shown as written; ``internal``: not an error beatloop
+    raised on purpose (a bug, or the process killed), ``detail`` then holds what the
+    process wrote on standard error (its traceback)."""
+
+    label: str
+    seed: int
+    run_dir: str
+    message: str
+    exit_code: int
+    own_words: bool = False
+    internal: bool = False
+    detail: str = ""
+
+    def text(self, words: Callable[[str], str] = str) -> str:
+        """The failure on one line, ``words`` putting beatloop's message in the caller's
+        spelling (the command line's advice)."""
+        message = self.message if self.own_words else words(self.message)
+        return f"{self.label} (seed {self.seed}, run dir {self.run_dir}) failed: {message}"
+
+
+class ComparisonFailed(BeatloopError):
+    """Runs of a comparison failed. ``rows`` are the entries whose every run finished
+    (written to ``compare.json`` and drawn, as a comparison without failures is);
+    ``failures`` each failed run, in the entries' order. The exit code is the first
+    failure's in that order: the same entries fail with the same code at any
+    ``--jobs``, and it is the failure printed first."""
+
+    def __init__(self, rows: list[dict[str, Any]], failures: Sequence[RunFailure]):
+        self.rows, self.failures = rows, tuple(failures)
+        finished = f"; the table holds the {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}"
+        super().__init__(
+            "; ".join(failure.text() for failure in self.failures)
+            + (f"{finished} whose runs finished" if rows else "; no entry finished")
+        )
+
+    @property
+    def exit_code(self) -> int:
+        return self.failures[0].exit_code
 
 
 def parse_entries(tokens: Sequence[str]) -> list[Entry]:
@@ -143,8 +195,15 @@ def compare(
     ``out/compare.json`` and ``out/loss_curves.png``, and return one row of figures per
     entry (with several seeds: means, and 95% bootstrap intervals under ``intervals``).
     ``data`` (a ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
-    ``beatloop.named_data.load.load_data``) replaces every recipe's built-in data."""
-    from beatloop.core.failures.errors import BeatloopError, ConfigError
+    ``beatloop.named_data.load.load_data``) replaces every recipe's built-in data.
+
+    ``echo`` is handed a line as each run starts: ``run I/N: LABEL, seed S, in RUN_DIR``
+    (I counting every run of the comparison). A run that fails ends its entry: the
+    entry's other runs are not started (or are stopped), the other entries run on, and
+    once they have ended ``compare.json`` (with the failures under ``failed``) and the
+    curves of the entries that finished are written, then ``ComparisonFailed`` is
+    raised, holding those entries' rows and each failure."""
+    from beatloop.core.failures.errors import ConfigError
 
     for option, value in (("--seeds", seeds), ("--jobs", jobs), ("--repeats", repeats)):
         if not isinstance(value, int) or value < 1:
@@ -157,6 +216,7 @@ def compare(
     out.mkdir(parents=True, exist_ok=True)
     seed_list = list(range(seed, seed + seeds))
     tasks = []
+    total = len(entries) * seeds * repeats
     for entry in entries:
         for each in seed_list:
             for repeat in range(repeats):
@@ -173,13 +233,21 @@ def compare(
                     "data_settings": list(data_settings),
                     "validation_data": validation_data,
                 }
-                what = f"{entry.label}: seed {each}, run {repeat + 1}/{repeats}"
+                timing = f", timing run {repeat + 1}/{repeats}" if repeats > 1 else ""
+                what = (
+                    f"run {len(tasks) + 1}/{total}: {entry.label}, seed {each}{timing}, "
+                    f"in {spec['run_dir']}"
+                )
                 tasks.append((what, spec))
-    results = iter(_run_all(tasks, jobs, timeout, echo))
-    rows = []
+    outcomes = iter(_run_all(tasks, jobs, timeout, echo))
+    rows, failures = [], []
     for entry in entries:
-        runs = [[next(results) for _ in range(repeats)] for _ in seed_list]
-        rows.append(_summary(entry, settings[entry], seed_list, runs))
+        runs = [[next(outcomes) for _ in range(repeats)] for _ in seed_list]
+        failed = [run for seed_runs in runs for run in seed_runs if isinstance(run, RunFailure)]
+        if failed:
+            failures += failed
+        else:
+            rows.append(_summary(entry, settings[entry], seed_list, runs))
     record: dict[str, Any] = {
         "epochs": epochs,
         "seed": seed,
@@ -196,8 +264,16 @@ def compare(
             "settings": list(data_settings),
             "validation": validation_data,
         }
+    if failures:
+        record["failed"] = [
+            attrs.asdict(failure, filter=lambda field, _: field.name != "detail")
+            for failure in failures
+        ]
     (out / "compare.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    plot_loss_curves(rows, out / "loss_curves.png")
+    if rows:
+        plot_loss_curves(rows, out / "loss_curves.png")
+    if failures:
+        raise ComparisonFailed(rows, failures)
     return rows
 
 
@@ -215,21 +291,27 @@ def _run_all(
     jobs: int,
     timeout: float,
     echo: Callable[[str], Any],
-) -> list[dict[str, Any]]:
-    """Each task's figures, in the tasks' order. One job: one run after another. More:
-    up to ``jobs`` processes at once (their speeds then share the machine's cores); the
-    first failure stops the others and names its entry and seed."""
+) -> list[dict[str, Any] | RunFailure | None]:
+    """Each task's figures, or its ``RunFailure``, in the tasks' order. One job: one run
+    after another. More: up to ``jobs`` processes at once (their speeds then share the
+    machine's cores). A failed run ends its entry's other runs (those of the same
+    label): not started (``None``), or stopped; the other entries' run on."""
+    results: list[dict[str, Any] | RunFailure | None] = [None] * len(tasks)
+    failed: set[str] = set()  # the labels of the entries a run of which failed
     if jobs == 1:
-        done = []
-        for what, spec in tasks:
+        for index, (what, spec) in enumerate(tasks):
+            if spec["label"] in failed:
+                continue
             echo(f"{what} ...")
-            done.append(_run_isolated(spec, timeout))
-        return done
-    results: list[dict[str, Any] | None] = [None] * len(tasks)
+            results[index] = _run_isolated(spec, timeout)
+            if isinstance(results[index], RunFailure):
+                failed.add(spec["label"])
+        return results
     waiting = list(enumerate(tasks))
     running: dict[int, tuple[subprocess.Popen, Any, Any, float]] = {}
     try:
         while waiting or running:
+            waiting = [task for task in waiting if task[1][1]["label"] not in failed]
             while waiting and len(running) < jobs:
                 index, (what, spec) = waiting.pop(0)
                 echo(f"{what} ...")
@@ -237,21 +319,34 @@ def _run_all(
             time.sleep(0.05)
             for index, (process, stdout, stderr, started) in list(running.items()):
                 spec = tasks[index][1]
+                if spec["label"] in failed:  # another run of its entry failed
+                    _stop(running.pop(index))
+                    continue
                 if process.poll() is None:
                     if time.monotonic() - started > timeout:
-                        raise _failed(spec, f"did not finish within {timeout:.0f} s")
+                        _stop(running.pop(index))
+                        results[index] = _failure(spec, _timed_out(timeout))
+                        failed.add(spec["label"])
                     continue
                 del running[index]
                 with stdout, stderr:
                     stdout.seek(0), stderr.seek(0)
                     printed, complained = stdout.read(), stderr.read()
                 results[index] = _collected(spec, process.returncode, printed, complained)
+                if isinstance(results[index], RunFailure):
+                    failed.add(spec["label"])
     finally:
-        for process, stdout, stderr, _ in running.values():
-            process.kill()
-            process.wait()
-            stdout.close(), stderr.close()
-    return results  # type: ignore[return-value]
+        for each in running.values():
+            _stop(each)
+    return results
+
+
+def _stop(started: tuple[subprocess.Popen, Any, Any, float]) -> None:
+    """Kill a run's process and close its output files."""
+    process, stdout, stderr, _ = started
+    process.kill()
+    process.wait()
+    stdout.close(), stderr.close()
 
 
 def _command(spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
@@ -269,26 +364,47 @@ def _start(spec: Mapping[str, Any]) -> tuple[subprocess.Popen, Any, Any]:
     return process, stdout, stderr
 
 
-def _failed(spec: Mapping[str, Any], detail: str) -> Exception:
-    from beatloop.core.failures.errors import BeatloopError
+def _timed_out(timeout: float) -> dict[str, Any]:
+    return {"message": f"did not finish within {timeout:.0f} s", "exit_code": 2}
 
+
+def _failure(spec: Mapping[str, Any], what: Mapping[str, Any]) -> RunFailure:
+    """The ``RunFailure`` of ``spec``'s run: ``what`` as the run's process reported it
+    (``ran``), or as the parent found it."""
     label = spec.get("label") or " ".join([spec["recipe"], *spec["settings"]])
-    return BeatloopError(f"{label} (seed {spec['seed']}) {detail}")
+    return RunFailure(label, spec["seed"], str(spec.get("run_dir", "")), **what)
 
 
-def _collected(spec: Mapping[str, Any], code: int, stdout: str, stderr: str) -> dict[str, Any]:
-    if code != 0:
-        detail = (stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise _failed(spec, f"failed: {detail}")
-    return json.loads(stdout.strip().splitlines()[-1])
+def _collected(
+    spec: Mapping[str, Any], code: int, stdout: str, stderr: str
+) -> dict[str, Any] | RunFailure:
+    """A finished run's figures, from the last line it printed; or its failure: the one
+    it reported (its last line, ``{"failure": ...}``: ``ran``), else a crash (a bug's
+    traceback, a signal) with the last line it wrote on standard error."""
+    lines = stdout.strip().splitlines()
+    if code == 0:
+        return json.loads(lines[-1])
+    try:
+        return _failure(spec, json.loads(lines[-1])["failure"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        pass
+    if code < 0:  # killed by a signal: as a shell reports it
+        import signal
+
+        name = signal.Signals(-code).name
+        ending = {"message": f"was killed by {name} (out of memory?)", "exit_code": 128 - code}
+    else:
+        last = (stderr.strip().splitlines() or ["(no output)"])[-1]
+        ending = {"message": last, "exit_code": 1}
+    return _failure(spec, {**ending, "internal": True, "detail": stderr})
 
 
-def _run_isolated(spec: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+def _run_isolated(spec: Mapping[str, Any], timeout: float) -> dict[str, Any] | RunFailure:
     command, env = _command(spec)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        raise _failed(spec, f"did not finish within {timeout:.0f} s") from None
+        return _failure(spec, _timed_out(timeout))
     return _collected(spec, done.returncode, done.stdout, done.stderr)
 
 
@@ -422,7 +538,27 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def ran(spec: Mapping[str, Any]) -> tuple[int, str]:
+    """What a run's process exits with and prints last: 0 and its figures as JSON, or,
+    for a beatloop error that ended it, the error's exit code and ``{"failure": ...}``
+    (its message, without the class path, and that code) for the parent to read. An
+    exception beatloop did not raise on purpose goes on (a traceback, exit code 1)."""
+    from beatloop.core.failures.errors import UserCodeError
+
+    try:
+        figures = run_one(spec)
+    except BeatloopError as error:
+        failure = {
+            "message": str(error),
+            "exit_code": error.exit_code,
+            "own_words": isinstance(error, UserCodeError),
+        }
+        return error.exit_code, json.dumps({"failure": failure})
+    return 0, json.dumps(figures)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    figures = run_one(json.loads(sys.argv[1]))
-    print(json.dumps(figures))
+    code, last = ran(json.loads(sys.argv[1]))
+    print(last)
+    sys.exit(code)

@@ -28,10 +28,25 @@ from beatloop.files import CACHE_DIR as CACHE_DIR  # the variable, named where t
 from beatloop.files import cache_dir
 from beatloop.plugins.hookspecs import DISABLE_AUTOLOAD, ENTRY_POINT_GROUP
 
-#: Bumped when the file's layout changes, so an older file is a miss.
-FORMAT = 1
+#: Bumped when the file's layout changes, so an older file is a miss (2: each recipe's
+#: quality figure).
+FORMAT = 2
 #: At most this many files of one plugin are stamped (a large package: the rest unstamped).
 MAX_PLUGIN_FILES = 2000
+
+
+def _pair(value) -> tuple[str, str] | None:
+    """A quality figure as a tuple (JSON gives a list)."""
+    return None if value is None else (str(value[0]), str(value[1]))
+
+
+def quality_words(quality: tuple[str, str] | None) -> str:
+    """A recipe's quality figure (what ``tune`` optimises and ``run --keep-best
+    quality`` keeps by default) as ``list --verbose`` and ``show`` print it."""
+    if quality is None:
+        return "none declared (tune needs --objective, --keep-best a FIGURE:MODE)"
+    figure, mode = quality
+    return f"{figure}:{mode} ({'higher' if mode == 'max' else 'lower'} is better)"
 
 
 @attrs.frozen
@@ -44,6 +59,8 @@ class Listed:
     origin: str  # "built-in", a distribution name, or "registered in <module>"
     plugin: str
     description: str = ""  # recipes only: the first line of the class docstring
+    #: Recipes only: its ``quality_figure``, ``(figure, "min" or "max")``, or ``None``.
+    quality: tuple[str, str] | None = attrs.field(default=None, converter=_pair)
 
 
 @attrs.frozen
@@ -74,7 +91,7 @@ class Listing:
     def of(cls, registry) -> Listing:
         """The listing of a filled ``Registry``."""
 
-        def listed(table, description=False):
+        def listed(table, recipes=False):
             return tuple(
                 Listed(
                     name,
@@ -82,13 +99,14 @@ class Listing:
                     entry.cls.__qualname__,
                     entry.origin,
                     entry.plugin,
-                    entry.cls.description() if description else "",
+                    entry.cls.description() if recipes else "",
+                    entry.cls.quality_figure if recipes else None,
                 )
                 for name, entry in sorted(table.items())
             )
 
         return cls(
-            recipes=listed(registry.recipes, description=True),
+            recipes=listed(registry.recipes, recipes=True),
             callbacks=listed(registry.callbacks),
             sources=listed(registry.sources),
             environments=listed(registry.environments),
@@ -104,6 +122,7 @@ class Listing:
             lines.append(f"{recipe.name:<{width}}  {recipe.description}  [{recipe.origin}]")
             if verbose:
                 lines.append(f"{'':<{width}}    module: {recipe.module}  plugin: {recipe.plugin}")
+                lines.append(f"{'':<{width}}    quality figure: {quality_words(recipe.quality)}")
         if verbose:
             for kind, table in (
                 ("callback", self.callbacks),
@@ -119,6 +138,10 @@ class Listing:
 
     @classmethod
     def from_json(cls, data: dict) -> Listing:
+        """The listing a cache file holds; a ``KeyError`` for a recipe without its
+        ``quality`` (a file of an older layout: a miss, never a listing lacking it)."""
+        if any("quality" not in item for item in data["recipes"]):
+            raise KeyError("quality")
         return cls(
             recipes=tuple(Listed(**item) for item in data["recipes"]),
             callbacks=tuple(Listed(**item) for item in data["callbacks"]),

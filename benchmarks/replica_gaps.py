@@ -14,6 +14,29 @@ the figures.
 
     python benchmarks/replica_gaps.py                 # every case (8-10 minutes on 2 cores)
     python benchmarks/replica_gaps.py --only two_tower,meta
+
+``--defaults`` sets each built-in recipe's gap beside its *noise floor*. Each recipe, at
+its default config and data for one epoch (seed 0, K fixed: bits do not depend on K), is
+fitted four times, each in a process of its own (oneDNN is chosen before TensorFlow is
+imported): on one device and on two replicas with oneDNN on, and on one device twice
+more with its sums in another valid order, oneDNN off (``TF_ENABLE_ONEDNN_OPTS=0``) and
+Grappler's arithmetic optimizer off (it orders sums' operands by node names). The floor
+is the larger of those two one-device gaps, and never below one float32 spacing of the
+largest weight (the least two orders of a sum can part by). Printed per recipe: the
+largest weight gap and last-epoch loss gap of two replicas, each floor, the ratio gap /
+floor, the gap after call 1, 2, 4, ..., its growth per call while the data are
+identical, the first call whose data differ (an integer of the recipe state: an action,
+an episode's length) and whether the recipe is *chaotic*: a gap of any of the three
+grows tenfold or more, to 1e-4 and beyond (round-off carried by Adam stays below 1e-5 in
+the other built-ins), so no run of it is reproducible past round-off on other hardware,
+one device or many.
+
+``--small`` does the same for the equivalence matrix's cases (the test configuration,
+``tests/workers/equivalence_run.py``): the floors ``tests/test_equivalence.py`` holds.
+
+    python benchmarks/replica_gaps.py --defaults      # about 9 minutes on 2 cores
+    python benchmarks/replica_gaps.py --defaults --only ppo,recommender
+    python benchmarks/replica_gaps.py --small         # about 3 minutes
 """
 
 from __future__ import annotations
@@ -24,7 +47,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
 import contextlib
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +67,8 @@ import numpy as np
 
 import beatloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path.insert(0, str(TESTS))
 
 THRESHOLD = 1e-6
 
@@ -257,10 +284,311 @@ CASES: dict[str, Callable[[], list[Case]]] = {
 }
 
 
+# --- the built-ins at their defaults, beside the noise floor ------------------------------
+
+#: Each built-in recipe at its defaults (a label, the recipe, the config it is given).
+DEFAULTS: dict[str, tuple[str, dict]] = {
+    "supervised": ("supervised", {}),
+    "gan": ("gan", {}),
+    "style_transfer": ("style_transfer", {}),
+    "risk_weighted": ("risk_weighted", {}),
+    "multitask": ("multitask", {}),
+    "contrastive": ("contrastive", {}),
+    "contrastive target=ema": ("contrastive", {"target": "ema"}),
+    "meta": ("meta", {}),
+    "dqn": ("dqn", {}),
+    "ppo": ("ppo", {}),
+    "recommender": ("recommender", {}),
+}
+
+#: Steps per compiled call, so the trace has a point per call: ``ppo``'s are one
+#: rollout's updates (E x M = 16); 8 for the others.
+STEPS_PER_CALL = {"ppo": 16}
+
+#: The four fits of a recipe: replicas, oneDNN, Grappler's arithmetic optimizer.
+RUNS = {
+    "one": (1, "1", True),
+    "two": (2, "1", True),
+    "onednn_off": (1, "0", True),
+    "arithmetic_off": (1, "1", False),
+}
+
+#: A gap that ends past this, ten times or more what it was after the first call, marks
+#: a chaotic recipe (float32 round-off carried by Adam stays below it in every built-in).
+CHAOTIC = 1e-4
+
+
+def grows(gaps: list[float]) -> bool:
+    """Whether a run's gap grew past ``CHAOTIC`` from a tenth of it or less."""
+    return gaps[-1] >= CHAOTIC and gaps[-1] >= 10 * gaps[0]
+
+
+class CallSnapshots(beatloop.Callback):
+    """The models' weights and the recipe state's integers (actions, episode lengths,
+    counters: the data an act made) after each compiled call."""
+
+    def __init__(self):
+        self.calls: list[dict[str, np.ndarray]] = []
+
+    def on_execution_end(self, run, steps, logs) -> None:
+        snapshot = {
+            f"model:{name}/{index}": np.array(weight.numpy())
+            for name in sorted(run.models)
+            for index, weight in enumerate(run.models[name].weights)
+        }
+        for name, value in run.recipe_state.items():
+            if np.issubdtype(np.asarray(value).dtype, np.integer):
+                snapshot[f"data:{name}"] = np.asarray(value)
+        self.calls.append(snapshot)
+
+
+def child(spec: dict, out: str) -> None:
+    """One fit at the defaults (``spec``: the recipe, config, replicas, K, Grappler),
+    its final variables, every call's snapshot and its last epoch's figures to OUT
+    (``.npz``, ``.json``)."""
+    sys.path.insert(0, str(TESTS / "workers"))
+    from equivalence_run import flat_weights
+
+    if not spec["arithmetic"]:
+        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    strategy = (
+        tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if spec["replicas"] == 2 else None
+    )
+    snapshots = CallSnapshots()
+    began = time.perf_counter()
+    result = beatloop.fit(
+        spec["recipe"],
+        config=spec["config"],
+        epochs=1,
+        seed=0,
+        steps_per_execution=spec["steps_per_execution"],
+        strategy=strategy,
+        callbacks=[snapshots],
+        progress=False,
+    )
+    seconds = time.perf_counter() - began
+    arrays = {f"final/{key}": value for key, value in flat_weights(result).items()}
+    for number, snapshot in enumerate(snapshots.calls):
+        arrays |= {f"call{number:05d}/{key}": value for key, value in snapshot.items()}
+    np.savez(out + ".npz", **arrays)
+    losses = [beat.name for beat in result.bound.beats if beat.name in result.last_epoch]
+    figures = {
+        "seconds": seconds,
+        "steps": result.steps,
+        "calls": len(snapshots.calls),
+        "losses": {name: result.last_epoch[name] for name in losses},
+    }
+    Path(out + ".json").write_text(json.dumps(figures))
+
+
+def start_child(spec: dict, out: Path, onednn: str) -> subprocess.Popen:
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, __file__, "--child", json.dumps(spec), str(out)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(process: subprocess.Popen, what: str) -> None:
+    _, err = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{err.decode()[-3000:]}")
+
+
+def load(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    with np.load(f"{path}.npz") as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    return arrays, json.loads(Path(f"{path}.json").read_text())
+
+
+def largest(first: dict, second: dict, prefix: str) -> float:
+    """The largest difference of the arrays whose keys start with ``prefix``."""
+    keys = [key for key in first if key.startswith(prefix)]
+    assert keys == [key for key in second if key.startswith(prefix)], prefix
+    return max(
+        (float(np.abs(first[k].astype(np.float64) - second[k]).max(initial=0.0)) for k in keys),
+        default=0.0,
+    )
+
+
+def spacing(arrays: dict, prefix: str) -> float:
+    """One float32 spacing at the largest magnitude among the arrays under ``prefix``."""
+    top = max(float(np.abs(v).max(initial=0.0)) for k, v in arrays.items() if k.startswith(prefix))
+    return float(np.spacing(np.float32(top)))
+
+
+def trace(first: dict, second: dict, calls: int) -> tuple[list[float], int | None]:
+    """The weight gap after each call, and the first call whose data (the recipe
+    state's integers) differ (numbered from 1), if any."""
+    gaps, event = [], None
+    for number in range(calls):
+        prefix = f"call{number:05d}/"
+        gaps.append(largest(first, second, prefix + "model:"))
+        if event is None and largest(first, second, prefix + "data:") > 0:
+            event = number + 1
+    return gaps, event
+
+
+def growth(gaps: list[float], event: int | None) -> str:
+    """The gap's growth per call while the data are the same (up to the call before
+    ``event``): the geometric mean and the range of each call's factor, over the calls
+    from the first past 1e-7 (round-off itself flickers below it)."""
+    end = len(gaps) if event is None else event - 1
+    start = next((t for t in range(end) if gaps[t] > 1e-7), None)
+    if start is None or end - start < 2:
+        return "—"
+    factors = [gaps[t] / gaps[t - 1] for t in range(start + 1, end)]
+    mean = (gaps[end - 1] / gaps[start]) ** (1 / (end - 1 - start))
+    return f"{mean:.2f}x ({min(factors):.2f}-{max(factors):.2f})"
+
+
+def marks(gaps: list[float]) -> str:
+    points = [1]
+    while points[-1] * 2 < len(gaps):
+        points.append(points[-1] * 2)
+    points.append(len(gaps))
+    return " ".join(f"{gaps[p - 1]:.0e}" for p in dict.fromkeys(points))
+
+
+def measure_defaults(label: str, folder: Path) -> dict:
+    """The four fits of one recipe at its defaults, one after another, and their gaps."""
+    recipe, config = DEFAULTS[label]
+    paths = {}
+    for run, (replicas, onednn, arithmetic) in RUNS.items():
+        spec = {
+            "recipe": recipe,
+            "config": config,
+            "replicas": replicas,
+            "arithmetic": arithmetic,
+            "steps_per_execution": STEPS_PER_CALL.get(recipe, 8),
+        }
+        paths[run] = folder / f"{label.replace(' ', '_')}-{run}"
+        finish(start_child(spec, paths[run], onednn), f"{label} ({run})")
+    loaded = {run: load(path) for run, path in paths.items()}
+    one, one_figures = loaded["one"]
+    row = {"recipe": label, "steps": one_figures["steps"], "calls": one_figures["calls"]}
+    row["seconds"] = {run: figures["seconds"] for run, (_, figures) in loaded.items()}
+    for run in ("two", "onednn_off", "arithmetic_off"):
+        other, figures = loaded[run]
+        assert figures["steps"] == row["steps"], (run, figures["steps"], row["steps"])
+        losses = one_figures["losses"]
+        row[run] = {
+            "weights": largest(one, other, "final/model:"),
+            "loss": max(abs(losses[k] - figures["losses"][k]) for k in losses),
+            "trace": trace(one, other, row["calls"]),
+        }
+    row["spacing"] = spacing(one, "final/model:")
+    reordered = max(row["onednn_off"]["weights"], row["arithmetic_off"]["weights"])
+    row["floor"] = max(reordered, row["spacing"])
+    row["loss_floor"] = max(row["onednn_off"]["loss"], row["arithmetic_off"]["loss"])
+    row["ratio"] = row["two"]["weights"] / row["floor"]
+    row["chaotic"] = any(grows(row[run]["trace"][0]) for run in RUNS if run != "one")
+    return row
+
+
+def print_defaults(rows: list[dict]) -> None:
+    header = (
+        "recipe", "steps", "two replicas: weights", "loss", "floor: oneDNN off",
+        "arithmetic off", "1 spacing", "ratio", "loss floor", "chaotic",
+        "growth a call (same data)", "data differ from call", "gap after call 1, 2, 4, ..., last",
+    )  # fmt: skip
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        two = row["two"]
+        gaps, event = two["trace"]
+        cells = (
+            row["recipe"], str(row["steps"]), f"{two['weights']:.1e}", f"{two['loss']:.1e}",
+            f"{row['onednn_off']['weights']:.1e}", f"{row['arithmetic_off']['weights']:.1e}",
+            f"{row['spacing']:.1e}", f"{row['ratio']:.2g}", f"{row['loss_floor']:.1e}",
+            "yes" if row["chaotic"] else "no", growth(gaps, event),
+            "never" if event is None else f"{event} of {row['calls']}", marks(gaps),
+        )  # fmt: skip
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def defaults(labels: list[str], keep: str | None) -> None:
+    began = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(keep or scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for label in labels:
+            rows.append(measure_defaults(label, folder))
+            row = rows[-1]
+            print(
+                f"{label}: two replicas {row['two']['weights']:.1e}, floor {row['floor']:.1e}"
+                f" ({', '.join(f'{k} {v:.0f} s' for k, v in row['seconds'].items())})",
+                file=sys.stderr,
+                flush=True,
+            )
+    print_defaults(rows)
+    print(f"\n{time.perf_counter() - began:.0f} s in all", flush=True)
+
+
+# --- the test configuration's floors ----------------------------------------------------
+
+
+def small(keep: str | None) -> None:
+    """The equivalence matrix's cases: its worker on one device and two replicas, and on
+    one device with oneDNN off and with the arithmetic optimizer off, one after another."""
+    worker = TESTS / "workers" / "equivalence_run.py"
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(keep or scratch)
+        runs = {
+            "matrix": ([str(folder / "matrix" / "matrix.json")], "1"),
+            "onednn_off": (["--one", str(folder / "onednn_off")], "0"),
+            "arithmetic_off": (
+                ["--one", str(folder / "arithmetic_off"), "--no-arithmetic-optimization"],
+                "1",
+            ),
+        }
+        for name, (args, onednn) in runs.items():
+            (folder / name).mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": onednn, "TF_CPP_MIN_LOG_LEVEL": "2"}
+            command = [sys.executable, str(worker), *args]
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+        matrix = json.loads((folder / "matrix" / "matrix.json").read_text())
+        header = (
+            "case", "two replicas", "oneDNN off", "arithmetic off", "1 spacing", "floor",
+            "ratio",
+        )  # fmt: skip
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for case, figures in matrix["cases"].items():
+            one = dict(np.load(folder / "matrix" / f"{case}.npz"))
+            gap = max(figures[part] for part in ("weights", "optimizer", "state"))
+            floors = []
+            for name in ("onednn_off", "arithmetic_off"):
+                other = dict(np.load(folder / name / f"{case}.npz"))
+                floors.append(largest(one, other, ""))
+            floor = max(*floors, spacing(one, "model:"))
+            cells = (
+                case, f"{gap:.1e}", f"{floors[0]:.1e}", f"{floors[1]:.1e}",
+                f"{spacing(one, 'model:'):.1e}", f"{floor:.1e}", f"{gap / floor:.2g}",
+            )  # fmt: skip
+            print("| " + " | ".join(cells) + " |", flush=True)
+    print(f"\n{time.perf_counter() - began:.0f} s in all", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default=",".join(CASES), help="comma-separated recipes")
+    parser.add_argument("--only", help="comma-separated recipes (cases, or with --defaults labels)")
+    parser.add_argument("--defaults", action="store_true", help="the built-ins at their defaults")
+    parser.add_argument("--small", action="store_true", help="the equivalence matrix's cases")
+    parser.add_argument("--keep", help="keep the runs' weights in this folder")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child[0]), args.child[1])
+        return
+    if args.defaults:
+        defaults(args.only.split(",") if args.only else list(DEFAULTS), args.keep)
+        return
+    if args.small:
+        small(args.keep)
+        return
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     header = (
         "recipe", "variant", "steps", "after step 1", "final", "first > 1e-6",
@@ -268,7 +596,7 @@ def main() -> None:
     )  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for name in args.only.split(","):
+    for name in (args.only or ",".join(CASES)).split(","):
         for case in CASES[name]():
             for row in measure(case, strategy):
                 assert row["start"] == 0.0, row  # the same initial weights

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,30 +21,65 @@ def list_cache_in_tmp(tmp_path_factory):
     os.environ["BEATLOOP_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
 
 
+#: Folders of the checkout a test run may fill: Python's and pytest's caches, and a
+#: virtual environment kept there.
+SKIPPED = ("__pycache__", ".pytest_cache", ".ruff_cache", ".venv", "venv")
+
+
 def _untracked_files(root: Path) -> set[str] | None:
     """Every file in the checkout at ``root`` that git does not track, ignored ones too
-    (``runs/`` is ignored), but for Python's and pytest's caches and a virtual environment
-    kept there; None where there is no git or no checkout."""
-    skipped = ("__pycache__/", ".pytest_cache/", ".ruff_cache/", ".venv/", "venv/")
+    (``runs/`` is ignored), and every empty folder (``name/``: git lists files only, so
+    an empty ``runs/`` a test made would pass unseen), but for the ``SKIPPED`` folders
+    and ``.git``; None where there is no git or no checkout."""
     command = ["git", "-C", str(root), "ls-files", "--others", "-z"]
-    command += [f"--exclude={pattern}" for pattern in skipped]
+    command += [f"--exclude={name}/" for name in SKIPPED]
     try:
         done = subprocess.run(command, capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError):
         return None
-    return set(os.fsdecode(done.stdout).split("\0")) - {""} if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return set(os.fsdecode(done.stdout).split("\0")) - {""} | _empty_folders(root)
+
+
+def _empty_folders(root: Path) -> set[str]:
+    """The folders under ``root`` with nothing in them, as ``path/`` relative to it."""
+    empty = set()
+    for folder, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if name not in (*SKIPPED, ".git")]
+        if not folders and not files and Path(folder) != root:
+            empty.add(Path(folder).relative_to(root).as_posix() + "/")
+    return empty
 
 
 @pytest.fixture(scope="session", autouse=True)
 def checkout_left_as_it_was():
-    """Fail the session if its tests leave a file in the checkout: tests write only under
-    their ``tmp_path`` (a docs example once left ``runs/gan-*`` and ``digit-images/``)."""
+    """Fail the session if its tests leave a file or an empty folder in the checkout:
+    tests write only under their ``tmp_path`` (a docs example once left ``runs/gan-*``
+    and ``digit-images/``; a failed ``beatloop run`` without ``--run-dir``, an empty
+    ``runs/``)."""
     root = Path(__file__).resolve().parents[1]
     before = _untracked_files(root)
     yield
     after = _untracked_files(root) if before is not None else None
     left = sorted(after - before) if after is not None else []
     assert left == [], f"the tests left {len(left)} file(s) in {root}: {left[:10]}"
+
+
+@pytest.fixture(autouse=True)
+def keras_names_from_zero():
+    """Each test names Keras objects from zero (``dense``, ``dense_1``, ...), as a fresh
+    process does: a run given ``models=`` built in the test warns of their names
+    (``ReproducibilityWarning``, an error unless expected) because of the test alone,
+    never because of the tests a worker ran before it. Names stay unique after the test
+    (``RunNames``); before Keras is imported, its counters are a fresh process's."""
+    if "keras" not in sys.modules:
+        yield
+        return
+    from beatloop.core.running.naming import RunNames
+
+    with RunNames().scope():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -143,37 +143,50 @@ def test_the_best_quality_leads_clearly_only_outside_the_others_intervals():
     )
 
 
-def test_parallel_runs_stop_at_the_first_failure_and_name_its_seed(monkeypatch):
+def test_a_failed_run_ends_its_entry_and_the_other_entries_run_on(monkeypatch):
     """The pool of ``--jobs``: each run a process (here a stand-in for ``python -m
-    beatloop.compare``), results in the tasks' order, the rest killed on a failure."""
+    beatloop.compare``), results in the tasks' order; a failure (reported, a crash or a
+    timeout) ends its entry's other runs, killed or never started, and no other's."""
     import sys
     import time
 
     from beatloop import compare
-    from beatloop.core.failures.errors import BeatloopError
+    from beatloop.compare import RunFailure
 
     script = (
         "import json, sys, time; spec = json.loads(sys.argv[1]); seed = spec['seed']\n"
-        "if seed == 9: sys.exit('ValueError: seed nine is cursed')\n"
+        "if seed == 9:\n"
+        "    print(json.dumps({'failure': {'message': 'the loss ran away', 'exit_code': 4}}))\n"
+        "    sys.exit(4)\n"
+        "if seed == 7: sys.exit('ValueError: seed seven is cursed')\n"
         "if seed == 8: time.sleep(60)\n"
         "print(json.dumps({'seed': seed}))"
     )
     monkeypatch.setattr(
         compare, "_command", lambda spec: ([sys.executable, "-c", script, json.dumps(spec)], None)
     )
-    spec = {"label": "x", "recipe": "x", "settings": []}
-    tasks = [(f"s{seed}", dict(spec, seed=seed)) for seed in (3, 1, 2)]
+
+    def task(label, seed):
+        return f"{label} s{seed}", {"label": label, "recipe": "x", "settings": [], "seed": seed,
+                                    "run_dir": f"out/{label}/seed{seed}"}  # fmt: skip
+
+    tasks = [task("x", seed) for seed in (3, 1, 2)]
     echoed = []
     assert compare._run_all(tasks, 2, 30, echoed.append) == [{"seed": 3}, {"seed": 1}, {"seed": 2}]
-    assert echoed == ["s3 ...", "s1 ...", "s2 ..."]
+    assert echoed == ["x s3 ...", "x s1 ...", "x s2 ..."]
 
-    slow, bad = (dict(tasks[0][1], seed=seed, label=f"sup {seed}") for seed in (8, 9))
-    started = time.monotonic()
-    with pytest.raises(BeatloopError, match="sup 9 \\(seed 9\\) failed: ValueError: seed nine"):
-        compare._run_all([("slow", slow), ("bad", bad)], 2, 30, echoed.append)
-    assert time.monotonic() - started < 20  # the sleeping run was killed, not waited for
-    with pytest.raises(BeatloopError, match="sup 8 \\(seed 8\\) did not finish within 1 s"):
-        compare._run_all([("slow", slow), ("s1", tasks[1][1])], 2, 1, echoed.append)
+    for jobs in (1, 2):  # seed 8 of entry "a" is killed, or never started
+        started = time.monotonic()
+        tasks = [task("a", 9), task("a", 8), task("b", 3)]
+        failed, stopped, other = compare._run_all(tasks, jobs, 30, echoed.append)
+        assert time.monotonic() - started < 20  # the sleeping run was not waited for
+        assert failed == RunFailure("a", 9, "out/a/seed9", "the loss ran away", 4)
+        assert stopped is None and other == {"seed": 3}
+        assert failed.text() == "a (seed 9, run dir out/a/seed9) failed: the loss ran away"
+    crashed, timed_out = compare._run_all([task("c", 7), task("d", 8)], 2, 1, echoed.append)
+    assert (crashed.message, crashed.exit_code) == ("ValueError: seed seven is cursed", 1)
+    assert crashed.internal and "seed seven is cursed" in crashed.detail
+    assert (timed_out.message, timed_out.exit_code) == ("did not finish within 1 s", 2)
 
 
 # --- --tuned ----------------------------------------------------------------------------------

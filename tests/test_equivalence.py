@@ -2,8 +2,16 @@
 and on a ``MirroredStrategy`` over two logical CPUs (same seed, shuffled data, replica
 shares that differ by a row on every batch) ends on the same weights, optimizer slots and
 recipe state, to a bound each case states; the slow tier adds two local workers of a
-``MultiWorkerMirroredStrategy`` for some. Each bound above 1e-6 is explained in
-``docs/speed.md`` ("Many devices: the equivalence matrix", "where the gaps come from")."""
+``MultiWorkerMirroredStrategy`` for some.
+
+Each bound is the case's noise floor times ``MARGIN``. The floor is how far one device
+parts from itself when only the order of its sums changes: the same case, on one device,
+with oneDNN off (``TF_ENABLE_ONEDNN_OPTS=0``) and with Grappler's arithmetic optimizer
+off, the larger gap over every variable compared here, and never less than one float32
+spacing of the largest model weight (where both leave every bit alone, the least two
+orders of a sum can part by). ``FLOORS`` holds each with the run that sets it, as
+``python benchmarks/replica_gaps.py --small`` measures them; the gaps beside them are in
+``docs/speed.md`` ("Many devices: the equivalence matrix")."""
 
 from __future__ import annotations
 
@@ -18,39 +26,37 @@ from beatloop.cli.workers import free_ports
 
 WORKER = Path(__file__).parent / "workers" / "equivalence_run.py"
 
-#: Float32 round-off of two half-batch sums instead of one, through a few dozen updates.
-ROUND_OFF = 1e-6
+#: Each case's noise floor and the run that sets it: ``oneDNN off``, ``arithmetic off``
+#: (Grappler's arithmetic optimizer), or ``spacing`` (one float32 spacing of the largest
+#: weight, where neither reordering moves a bit).
+FLOORS: dict[str, tuple[float, str]] = {
+    "supervised": (3.0e-8, "spacing"),
+    "supervised_k1": (3.0e-8, "spacing"),
+    "gan": (4.0e-7, "arithmetic off"),
+    "style_transfer": (4.8e-7, "oneDNN off"),
+    "risk_weighted_none": (6.0e-8, "arithmetic off"),
+    "risk_weighted_norm": (6.0e-8, "arithmetic off"),
+    "risk_weighted_global_norm": (6.0e-8, "oneDNN off"),
+    "multitask": (1.2e-7, "spacing"),
+    "multitask_pcgrad": (1.2e-7, "spacing"),
+    "contrastive": (1.2e-7, "spacing"),
+    "meta": (3.0e-8, "oneDNN off"),
+    "dqn": (3.0e-8, "spacing"),
+    "two_tower": (2.8e-3, "oneDNN off"),
+    "two_tower_gelu": (1.2e-7, "oneDNN off"),
+    "noisy": (6.0e-8, "spacing"),
+    "ppo": (1.9e-6, "oneDNN off"),
+    "recommender": (9.1e-6, "oneDNN off"),
+}
+
+#: How many floors two replicas may part from one device by: an order of magnitude, as
+#: two replicas reorder more sums at once (each half-batch, then the all-reduce) than
+#: one switch does on one device, and Adam carries each reordering on.
+MARGIN = 10
 
 #: Each case's bound on the largest difference of any weight, optimizer variable or
 #: recipe state variable between one device and two replicas.
-BOUNDS: dict[str, float] = {
-    "supervised": ROUND_OFF,
-    "supervised_k1": ROUND_OFF,
-    "gan": ROUND_OFF,
-    "style_transfer": ROUND_OFF,
-    "risk_weighted_none": ROUND_OFF,
-    "risk_weighted_norm": ROUND_OFF,  # the clip sees the global batch's gradient
-    "risk_weighted_global_norm": ROUND_OFF,
-    "multitask": ROUND_OFF,
-    "multitask_pcgrad": ROUND_OFF,
-    # The linear probe's Adam at lr 0.05 carries the pretrained encoder's 1.3e-7 to 1e-6.
-    "contrastive": 1e-5,
-    "meta": ROUND_OFF,
-    "dqn": ROUND_OFF,  # one agent: acts once a step, the buffer sample split by rows
-    # Embedding lookups (sparse gradients) and a gather, 31 batches of 33 then one row.
-    # With ReLUs, one example meets a ReLU within round-off of 0 at step 23 and Adam
-    # carries that example's gradient to 2.8e-3; with GELUs Adam keeps round-off at 1e-6.
-    "two_tower": 5e-3,
-    "two_tower_gelu": 1e-5,
-    "noisy": ROUND_OFF,  # models.random drawn inside a conditional of the loss
-    # One agent: rollouts once a step, each minibatch split by rows. Weights within 6e-8;
-    # the returns in recipe state (up to about 30: one float32 step is 1.9e-6 there)
-    # within one step.
-    "ppo": 1e-5,
-    # Embeddings (sparse gradients) under Adam at lr 0.05 over 78 steps: round-off
-    # carried to 4.7e-5 in the user embeddings, which moved 1.27.
-    "recommender": 1e-4,
-}
+BOUNDS: dict[str, float] = {case: MARGIN * floor for case, (floor, _) in FLOORS.items()}
 
 
 @pytest.fixture(scope="module")

@@ -155,7 +155,7 @@ def test_evaluate_a_run_dir_like_the_run_itself(tmp_path, capsys, small_digits):
     assert main(["evaluate", str(run_dir)]) == 0
     lines = capsys.readouterr().out.split("\n")
     printed = dict(line.split() for line in lines if line.strip())
-    assert {name: float(value) for name, value in printed.items()} == figures
+    assert printed == shown(figures)  # as `run` prints figures: 4 significant digits
     assert snapshot(run_dir) == files  # nothing written by any of them
 
 
@@ -293,8 +293,15 @@ def last_val_figures(run_dir) -> dict[str, float]:
     }
 
 
-def printed_figures(out: str) -> dict[str, float]:
-    return {name: float(value) for name, value in (line.split() for line in out.splitlines())}
+def printed_figures(out: str) -> dict[str, str]:
+    return dict(line.split() for line in out.splitlines())
+
+
+def shown(figures: dict[str, float]) -> dict[str, str]:
+    """``figures`` as ``beatloop evaluate`` prints them (as ``run`` does)."""
+    from beatloop.callbacks.standard import format_figure
+
+    return {name: format_figure(value) for name, value in figures.items()}
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +326,7 @@ def test_a_folder_run_evaluates_on_its_recorded_validation_split(folder_run, dig
     files = snapshot(folder_run)
     code, out, err = cli(["evaluate", folder_run], capsys)
     assert code == 0, err
-    assert printed_figures(out) == expected
+    assert printed_figures(out) == shown(expected)
     assert err == (
         f"beatloop: warning: data source 'folder:{digit_pngs}': images are 8x8 grayscale "
         "(inferred: image_size=8,8, color_mode=grayscale; set them with --data-set to change)\n"
@@ -354,7 +361,7 @@ def test_a_csv_run_evaluates_on_its_recorded_validation_data(csv_run, capsys):
     assert set(expected) == {"loss", "accuracy"}
     code, out, err = cli(["evaluate", csv_run], capsys)
     assert code == 0 and err == "", err
-    assert printed_figures(out) == expected
+    assert printed_figures(out) == shown(expected)
     assert beatloop.evaluate(csv_run) == expected
     assert beatloop.evaluate(csv_run, steps_per_execution=2) == pytest.approx(
         expected, rel=1e-6, abs=0
@@ -423,4 +430,4 @@ def test_a_recorded_source_without_validation_data_asks_for_data(csv_run, tmp_pa
     code, out, err = cli(["evaluate", run_dir, "--data", f"csv:{valid}", "--data-set",
                           "label=label"], capsys)  # fmt: skip
     assert code == 0, err
-    assert printed_figures(out) == last_val_figures(csv_run)
+    assert printed_figures(out) == shown(last_val_figures(csv_run))

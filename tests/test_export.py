@@ -69,6 +69,9 @@ def test_cli_export_restores_the_run_dir_and_writes_the_classifier(tmp_path, cap
     expected = result.models["model"](x, training=False)
     np.testing.assert_allclose(loaded.serve(x), expected, rtol=1e-5, atol=1e-6)
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 5  # run dir
+    assert f"the run dir {tmp_path / 'nothing'} does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(tmp_path / "empty"), str(tmp_path / "out2")]) == 5
     assert "holds no readable checkpoint" in capsys.readouterr().err
 
 

@@ -289,7 +289,7 @@ def test_show_lists_supplied_models_and_what_a_bare_recipe_lacks(registered, cap
     assert main(["show", "style_transfer"]) == 0
     out = capsys.readouterr().out
     assert "features: an image network" in out and "(if none is given: a fixed, seeded" in out
-    assert "total (1 variables):\n      style_image/pixels (1, 64, 64, 3)" in out
+    assert "total (1 variables):\n      image/style_image/pixels (1, 64, 64, 3)" in out
 
 
 # --- frozen, in inference mode -------------------------------------------------------------

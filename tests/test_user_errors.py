@@ -260,7 +260,7 @@ def test_beatloop_errors_in_recipe_code_pass_through(digit_batches):
         beatloop.fit(Broken(loss_fails="ours"), data=digit_batches)
 
 
-def test_the_command_line_shows_the_line_and_the_cause(monkeypatch, capsys):
+def test_the_command_line_shows_the_line_and_the_cause(monkeypatch, capsys, tmp_path):
     from beatloop.cli import main
     from beatloop.plugins import registry as registry_module
 
@@ -273,11 +273,13 @@ def test_the_command_line_shows_the_line_and_the_cause(monkeypatch, capsys):
     registry = registry_module.Registry(load_entry_points=False)
     registry.register(BrokenByName)
     monkeypatch.setattr(registry_module, "_REGISTRY", registry)
-    assert main(["run", "broken_by_name_test", "--quiet"]) == 2
+    run_dir = tmp_path / "runs" / "broken"  # not runs/ in the checkout, left behind empty
+    assert main(["run", "broken_by_name_test", "--quiet", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("beatloop: error: recipe 'broken_by_name_test': loss 'xent'")
     assert f"test_user_errors.py:{line_of('# loss raises here')} in xent" in err
     assert "KeyError: 'oops'" in err
+    assert not run_dir.exists()  # a run that never stepped takes its run dir back
 
 
 class PerTaskRows(beatloop.Recipe):

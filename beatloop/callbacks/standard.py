@@ -75,8 +75,14 @@ class TrainingTimer(Callback):
         return sum(self.epoch_steps[start:]) / seconds, sum(self.epoch_examples[start:]) / seconds
 
 
+def format_figure(value: float) -> str:
+    """A figure as the progress lines and the command line print it: 4 significant
+    digits."""
+    return f"{value:.4g}"
+
+
 def format_logs(logs: Mapping[str, float]) -> str:
-    return "  ".join(f"{name} {value:.4g}" for name, value in logs.items())
+    return "  ".join(f"{name} {format_figure(value)}" for name, value in logs.items())
 
 
 class ProgressBar(Callback):
@@ -170,11 +176,50 @@ def _jsonable(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def _epochs_text(epochs: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``1-3, 5``."""
+    spans: list[list[int]] = []
+    for epoch in sorted(epochs):
+        if spans and epoch == spans[-1][1] + 1:
+            spans[-1][1] = epoch
+        else:
+            spans.append([epoch, epoch])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _rows_of(epochs: list[int], verb: str = "") -> str:
+    """``epoch 2's row`` or ``the rows of epochs 1-3, 5``, with ``verb`` (``is`` or
+    ``was``) agreeing."""
+    if len(epochs) == 1:
+        return f"epoch {epochs[0]}'s row" + (f" {verb}" if verb else "")
+    plural = {"is": " are", "was": " were", "": ""}[verb]
+    return f"the rows of epochs {_epochs_text(epochs)}{plural}"
+
+
+def _not_kept(epochs: list[int], last: dict | None) -> str:
+    """Why rows of ``epochs`` cannot be written back: the checkpoint (of an earlier
+    version, which kept the last row only) does not hold them."""
+    held = f" (epoch {last['epoch']}'s)" if last else ""
+    return (
+        f"{_rows_of(epochs)} cannot be written back: the checkpoint, written by an earlier "
+        f"version of beatloop, keeps only the last row{held}, so the file goes on without "
+        f"{'it' if len(epochs) == 1 else 'them'}"
+    )
+
+
 class EpochLogFile(Callback):
     """Base of the per-epoch log files: a file given by path, or ``filename`` in the run
-    dir; its folder is created when the run starts. The last row written is kept in
-    every checkpoint, so a resume puts back the row of the checkpoint's own epoch when a
-    kill tore it."""
+    dir; its folder is created when the run starts.
+
+    Every row written is kept in every checkpoint (its text, by epoch: a few hundred
+    bytes an epoch, as ``History`` keeps the figures), so a resume makes the file hold
+    each of the checkpoint's epochs once, as first written: a row a kill tore, rows
+    deleted, the whole file deleted are written back from it, and the rows after the
+    checkpoint's epoch go, to be written again. One warning naming the file says what
+    was repaired. A checkpoint of an earlier version kept the last row only: rows it
+    lacks are named in the warning as not written back. A resume with nothing to train
+    (the checkpoint holds the epochs asked for) writes nothing: the warning then says so,
+    and what a run with more epochs will write back."""
 
     filename = ""
     order = Order.WRITER
@@ -183,55 +228,150 @@ class EpochLogFile(Callback):
 
     def __init__(self, path: str | Path | None = None):
         self.path = None if path is None else Path(path)
+        self._rows: dict[int, str] = {}
 
     def checkpoint_state(self) -> dict | None:
-        return None if self._last is None else {"last_row": self._last}
+        if self._last is None:
+            return None
+        rows = {str(epoch): line for epoch, line in sorted(self._saved_rows().items())}
+        return {"last_row": self._last, "rows": rows}
 
     def restore_state(self, state: dict) -> None:
         self._last = state.get("last_row")
+        rows = state.get("rows")
+        if rows is None:  # written before every row was kept: the last one only
+            rows = {} if not self._last else {self._last["epoch"]: self._last["line"]}
+        self._rows = {int(epoch): line for epoch, line in rows.items()}
+
+    def _saved_rows(self) -> dict[int, str]:
+        """The rows written so far (and restored), by epoch from 1 (a subclass that did
+        not call ``__init__`` starts with none)."""
+        return self.__dict__.setdefault("_rows", {})
+
+    def _wrote(self, epoch: int, line: str, **more) -> None:
+        """Keep epoch ``epoch``'s row (from 1), as written, for the checkpoints."""
+        self._last = {"epoch": epoch, "line": line, **more}
+        self._saved_rows()[epoch] = line
 
     def on_fit_start(self, run: Run) -> None:
         if self.path is None:
             if run.run_dir is None:
                 raise ConfigError(f"{type(self).__name__} needs a path or a run with a run_dir")
             self.path = Path(run.run_dir) / self.filename
+        if run.resumed_from is None:  # a new run: no row of another one
+            self._last, self._rows = None, {}
         with writing(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if run.resumed_from is not None and self.path.exists():
+            if run.resumed_from is None or not run.worker.is_chief:
+                return  # the other workers of a multi-worker run write a dir thrown away
+            if run.epoch < run.epochs:
                 self.drop_after(run.epoch)
+            else:
+                self._left_as_it_is(run.epoch)
 
     def drop_after(self, epochs: int) -> None:
-        """Keep only the rows of the first ``epochs`` epochs: a resumed run rewrites the
-        epochs its checkpoint did not include (written before a crash). A torn line (the
-        run was killed while writing it: no newline, or not a row) goes too, with a
-        warning; when it was the row of epoch ``epochs`` itself, the checkpoint's copy of
-        that row is written back."""
+        """Make the file hold the rows of the first ``epochs`` epochs, each once: a
+        resumed run rewrites the epochs its checkpoint did not include (written before a
+        crash), so the rows after them go. A torn line (the run was killed while writing
+        it: no newline, or not a row) goes too; a row of those epochs the file lacks (torn,
+        deleted, or the file deleted) is written back from the checkpoint. One warning
+        says what was dropped and written back, and what could not be."""
+        lines = self._lines()
+        kept, torn, missing = self._sorted_out(lines or [], epochs)
+        saved = self._saved_rows()
+        back = {epoch: saved[epoch] for epoch in missing if epoch in saved}
+        lost = [epoch for epoch in missing if epoch not in saved]
+        if back:
+            kept = self._with_rows(kept, back)
+        for line in kept:  # what the checkpoints lacked, as the file holds it
+            epoch = self._epoch_of(line)
+            if isinstance(epoch, int):
+                saved.setdefault(epoch, line)
+        if torn or back or lost:
+            if lines is None:
+                found = "the file was missing (deleted, or moved)"
+            elif torn:
+                found = f"dropped {torn} torn line(s) (a run killed while writing them)"
+            else:
+                found = f"{_rows_of(missing, 'was')} missing (deleted, or the file cut short)"
+            done = []
+            if back and lines is not None and not torn and list(back) == missing:
+                they = "it is" if len(back) == 1 else "they are"
+                done.append(f"{they} written back from the checkpoint")
+            elif back:
+                done.append(f"{_rows_of(list(back), 'is')} written back from the checkpoint")
+            if lost:
+                done.append(_not_kept(lost, self._last))
+            if torn:
+                done.append(f"the rows after epoch {epochs}, the checkpoint's, are written again")
+            self._warn(f"{self.path}: {found}; {', and '.join(done)}")
+        if kept != (lines or []):
+            replace_file(self.path, "".join(kept))
+
+    def _left_as_it_is(self, epochs: int) -> None:
+        """A resume with nothing to train writes nothing: a file lacking rows of the
+        checkpoint's ``epochs`` epochs, or holding a torn line, is only named (once),
+        with what a run with more epochs will do about it."""
+        lines = self._lines()
+        _, torn, missing = self._sorted_out(lines or [], epochs)
+        if not (torn or missing):
+            return
+        if lines is None:
+            found = f"{self.path} is missing (deleted, or moved)"
+        else:
+            parts = [f"holds {torn} torn line(s) (a run killed while writing them)"] if torn else []
+            if missing:
+                parts.append(f"lacks {_rows_of(missing)}")
+            found = f"{self.path} {' and '.join(parts)}"
+        saved = self._saved_rows()
+        back = [epoch for epoch in missing if epoch in saved]
+        lost = [epoch for epoch in missing if epoch not in saved]
+        later = ["drops the torn line(s)"] if torn else []
+        if back:
+            later.append(f"writes {_rows_of(back)} back from the checkpoint")
+        advice = f"; a run with a higher --epochs (epochs=) {' and '.join(later)}" if later else ""
+        if lost:
+            advice += f"; {_not_kept(lost, self._last)}"
+        self._warn(
+            f"{found}: nothing is written, since there is nothing to train (the run dir holds "
+            f"the {epochs} epoch(s) asked for){advice}"
+        )
+
+    def _lines(self) -> list[str] | None:
+        """The file's lines, line ends kept; ``None`` when there is no file."""
+        if not self.path.exists():
+            return None
         with self.path.open(encoding="utf-8", newline="") as handle:  # line ends kept
-            lines = handle.read().splitlines(keepends=True)
-        kept, torn, epochs_kept = [], 0, set()
+            return handle.read().splitlines(keepends=True)
+
+    def _sorted_out(self, lines: list[str], epochs: int) -> tuple[list[str], int, list[int]]:
+        """The lines to keep (headers and the rows of epochs 1 to ``epochs``), how many
+        are torn, and the epochs from 1 to ``epochs`` that no kept row records."""
+        kept, torn, recorded = [], 0, set()
         for line in lines:
             epoch = self._epoch_of(line)
             if epoch is _TORN:
                 torn += 1
             elif epoch is None or 1 <= epoch <= epochs:
                 kept.append(line)
-                epochs_kept.add(epoch)
-        last = self._last
-        restored = bool(last) and last["epoch"] == epochs and epochs not in epochs_kept
-        if restored:
-            kept.append(self.header(kept) + last["line"])
-        if torn:
-            again = f"the rows after epoch {epochs}, the checkpoint's, are written again"
-            if restored:
-                again = f"epoch {epochs}'s row is written back from the checkpoint, and " + again
-            warnings.warn(
-                f"{self.path}: dropped {torn} torn line(s) (a run killed while writing "
-                f"them); {again}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if kept != lines:
-            replace_file(self.path, "".join(kept))
+                recorded.add(epoch)
+        return kept, torn, [epoch for epoch in range(1, epochs + 1) if epoch not in recorded]
+
+    def _with_rows(self, kept: list[str], rows: Mapping[int, str]) -> list[str]:
+        """``kept`` with ``rows`` (by epoch) put in: the headers first (a header made for
+        them when ``kept`` has none), then every row in the order of its epoch."""
+        headers = [line for line in kept if self._epoch_of(line) is None]
+        ordered = sorted(
+            [(self._epoch_of(line), 1, line) for line in kept if line not in headers]
+            + [(epoch, 0, line) for epoch, line in rows.items()],
+            key=lambda row: row[:2],
+        )
+        made = [] if headers else [self.header(kept)]
+        return [*headers, *(line for line in made if line), *(line for *_, line in ordered)]
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        warnings.warn(message, RuntimeWarning, stacklevel=4)  # on_fit_start's caller
 
     def header(self, kept: list[str]) -> str:
         """What a row written back after the ``kept`` lines needs before it (a header)."""
@@ -273,7 +413,7 @@ class JsonLinesLogger(EpochLogFile):
         row = {k: _jsonable(v) for k, v in self.row(run, epoch, logs).items()}
         line = json.dumps(row) + "\n"
         append_line(self.path, line)
-        self._last = {"epoch": epoch + 1, "line": line}
+        self._wrote(epoch + 1, line)
 
 
 class CsvLogger(EpochLogFile):
@@ -298,7 +438,7 @@ class CsvLogger(EpochLogFile):
             self._fields = list(row)
         line = self._text(lambda writer: writer.writerow(row))
         append_line(self.path, (self._text_header() if new_file else "") + line)  # one write
-        self._last = {"epoch": epoch + 1, "line": line, "fields": self._fields}
+        self._wrote(epoch + 1, line, fields=self._fields)
 
     def restore_state(self, state: dict) -> None:
         super().restore_state(state)
@@ -306,7 +446,9 @@ class CsvLogger(EpochLogFile):
             self._fields = list(self._last["fields"])
 
     def header(self, kept: list[str]) -> str:
-        return "" if any(self.row_epoch(line) is None for line in kept) else self._text_header()
+        if self._fields is None or any(self.row_epoch(line) is None for line in kept):
+            return ""
+        return self._text_header()
 
     def _text_header(self) -> str:
         return self._text(lambda writer: writer.writeheader())

@@ -5,6 +5,7 @@ each figure is a mean over N seeds with a 95% bootstrap interval."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,10 @@ def add_command(commands) -> None:
         "OUT/loss_curves.png. Example: beatloop compare gan --set n_critic=1 gan --set "
         "n_critic=5 supervised --epochs 3. With --seeds N every figure is a mean over N "
         "seeds with a 95% bootstrap interval; --tuned STUDY_DIR gives an entry the config of "
-        "a `beatloop tune` study's best trial.",
+        "a `beatloop tune` study's best trial. A run that fails ends its entry (its other "
+        "runs are not started) but not the others: the table holds the entries that "
+        "finished, each failure is one error line after it, and the command exits with "
+        "the first failing entry's code (4 for a non-finite loss, ...).",
     )
     compare.add_argument(
         "entries",
@@ -68,8 +72,9 @@ def add_command(commands) -> None:
 
 
 def run(args) -> int:
+    from beatloop.cli.failure import report_run_failures
     from beatloop.cli.options import data_option
-    from beatloop.compare import compare, parse_entries
+    from beatloop.compare import ComparisonFailed, compare, parse_entries
     from beatloop.compare_report import format_table
     from beatloop.core.failures.errors import ConfigError
     from beatloop.plugins.registry import get_recipe
@@ -90,23 +95,33 @@ def run(args) -> int:
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     out = options.get("out", args.out) or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    rows = compare(
-        entries,
-        epochs=epochs,
-        out=out,
-        seed=options.get("seed", args.seed),
-        seeds=seeds,
-        repeats=options.get("repeats", args.repeats),
-        jobs=jobs,
-        steps_per_execution=args.steps_per_execution,
-        data=args.data,
-        data_settings=tuple(args.data_set),
-        validation_data=args.validation_data,
-    )
-    print()
-    print(format_table(rows))
-    print(f"\nfigures: {out / 'compare.json'}\nloss curves: {out / 'loss_curves.png'}")
-    return 0
+    failed: ComparisonFailed | None = None
+    try:
+        rows = compare(
+            entries,
+            epochs=epochs,
+            out=out,
+            seed=options.get("seed", args.seed),
+            seeds=seeds,
+            repeats=options.get("repeats", args.repeats),
+            jobs=jobs,
+            steps_per_execution=args.steps_per_execution,
+            data=args.data,
+            data_settings=tuple(args.data_set),
+            validation_data=args.validation_data,
+        )
+    except ComparisonFailed as error:  # the entries that finished, then what failed
+        rows, failed = error.rows, error
+    if rows:
+        print()
+        print(format_table(rows))
+    print(f"\nfigures: {out / 'compare.json'}")
+    if rows:
+        print(f"loss curves: {out / 'loss_curves.png'}")
+    if failed is None:
+        return 0
+    sys.stdout.flush()  # the table before the failures, on a terminal showing both
+    return report_run_failures(failed.failures)
 
 
 def _trailing_options(args) -> tuple[list[str], dict]:

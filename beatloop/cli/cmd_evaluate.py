@@ -16,7 +16,8 @@ def add_command(commands) -> None:
         commands,
         NAME,
         help="a run's validation figures at its latest checkpoint (its recipe's validation "
-        "step: every beat's loss and every metric)",
+        "step: every beat's loss and every metric), to 4 significant digits as run prints "
+        "them",
     )
     evaluate.add_argument("run_dir", type=Path, help="the run dir to evaluate")
     evaluate.add_argument(
@@ -36,14 +37,18 @@ def add_command(commands) -> None:
 
 
 def run(args) -> int:
-    """Print one line per figure, ``NAME  VALUE`` (the value as Python writes the float:
-    exact), on the ``--data`` source's every example or the run's validation data."""
+    """Print one line per figure, ``NAME  VALUE`` (4 significant digits, as ``run``
+    prints its figures; ``beatloop.evaluate`` returns them exactly), on the ``--data``
+    source's every example or the run's validation data."""
+    from beatloop.callbacks.standard import format_figure
+    from beatloop.cli.recorded import existing_run_dir
     from beatloop.fitting import evaluate
 
+    existing_run_dir(args.run_dir, "evaluate")
     figures = evaluate(args.run_dir, _evaluation_data(args), best=args.best)
     width = max(map(len, figures), default=0)
     for name, value in figures.items():
-        print(f"{name:<{width}}  {value!r}")
+        print(f"{name:<{width}}  {format_figure(value)}")
     return 0
 
 

@@ -35,10 +35,12 @@ def add_command(commands) -> None:
 
 
 def run(args) -> int:
+    from beatloop.cli.recorded import existing_run_dir
     from beatloop.core.saving.run_dir import check_export_dir
     from beatloop.fitting import restore
 
     check_export_dir(args.out)  # before the run is rebuilt, and before anything is written
+    existing_run_dir(args.run_dir, "export")
     result = restore(args.run_dir, _training_data(args), best=args.best)
     print(f"{result.recipe.name}: restored {result.checkpoint} (step {result.steps})")
     for name, path in result.export(args.out).items():

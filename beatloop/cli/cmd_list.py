@@ -1,5 +1,5 @@
-"""``beatloop list``: the registered recipes (``-v``: modules, plugins, callbacks, data
-sources, failures), from the list cache while its key holds."""
+"""``beatloop list``: the registered recipes (``-v``: modules, plugins, quality figures,
+callbacks, data sources, failures), from the list cache while its key holds."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ def add_command(commands) -> None:
     command_parser(
         commands,
         NAME,
-        help="registered recipes and where they come from (-v: modules, plugins, callbacks, "
-        "data sources, environments, failures); read from a cache while nothing installed "
-        "has changed",
+        help="registered recipes and where they come from (-v: modules, plugins, quality "
+        "figures, callbacks, data sources, environments, failures); read from a cache while "
+        "nothing installed has changed",
     ).add_argument(
         "--refresh",
         action="store_true",

@@ -208,10 +208,12 @@ def run(args) -> int:
 def _print_result(args, name: str, result, run_dir: Path) -> None:
     """The run's last epoch's figures (one epoch's: a recipe in phases logs other
     figures in each), the K it ran with, and where it wrote."""
+    from beatloop.callbacks.standard import format_logs
+
     final = result.last_epoch or {figure: values[-1] for figure, values in result.history.items()}
     print(
         f"{name}: {result.epochs} epoch(s), {result.steps} steps, seed {result.seed}; "
-        + "  ".join(f"{k} {v:.4g}" for k, v in final.items())
+        + format_logs(final)
     )
     if args.steps_per_execution == "auto":
         how = "chosen by" if result.engine.pace.settled else "still being timed by"

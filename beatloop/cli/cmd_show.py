@@ -1,5 +1,6 @@
-"""``beatloop show RECIPE``: a recipe's config fields, beat schedule, supplied models, its
-state, the data it takes, and the variables each beat updates."""
+"""``beatloop show RECIPE``: a recipe's config fields, quality figure, beat schedule,
+supplied models, its state, the data it takes, and the variables each beat updates (each
+once, as ``MODEL/PATH``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ NAME = "show"
 
 
 def add_command(commands) -> None:
-    show = command_parser(commands, NAME, help="a recipe's config fields and beat schedule")
+    show = command_parser(
+        commands, NAME, help="a recipe's config fields, quality figure and beat schedule"
+    )
     show.add_argument("recipe", help="a registered recipe name (see `beatloop list`)")
     add_set_option(show, "override a config field")
 
@@ -20,6 +23,7 @@ def run(args) -> int:
     from beatloop.core.schedule.config import config_fields, parse_settings, type_name
     from beatloop.core.schedule.phases import Phases
     from beatloop.fitting import make_recipe
+    from beatloop.listing import quality_words
     from beatloop.plugins.registry import get_recipe
 
     cls = get_recipe(args.recipe)
@@ -33,6 +37,10 @@ def run(args) -> int:
         value = getattr(recipe.config, field.name)
         changed = f"  (default {default!r})" if repr(value) != repr(default) else ""
         print(f"  {field.name}: {type_name(field.type)} = {value!r}{changed}")
+    print(
+        "\nquality figure (tune's default objective, run --keep-best quality): "
+        + quality_words(cls.quality_figure)
+    )
     schedule = recipe.schedule()
     phased = isinstance(schedule, Phases)  # a schedule per span of epochs
     print("\nschedule (one step of each phase):" if phased else "\nschedule (one step):")

@@ -43,6 +43,21 @@ def report_failure(error: BaseException, verbose: bool) -> int:
     return 1
 
 
+def report_run_failures(failures) -> int:
+    """Failed runs of a comparison (``compare.RunFailure``), each one ``beatloop:
+    error:`` line in the command line's spelling (a bug's: its traceback, then
+    ``beatloop: internal error:`` and the request to report it); returns the first's
+    exit code, the code of the failure printed first."""
+    for failure in failures:
+        if failure.internal:
+            if failure.detail.strip():
+                print(failure.detail.rstrip(), file=sys.stderr)
+            print(f"beatloop: internal error: {failure.text()}\n{REPORT}", file=sys.stderr)
+        else:
+            print(f"beatloop: error: {failure.text(for_command_line)}", file=sys.stderr)
+    return failures[0].exit_code
+
+
 def _interrupted(error: KeyboardInterrupt, run_interrupted: type) -> int:
     """Ctrl-C: where the run stopped and how to resume it, when it saved a checkpoint."""
     if not isinstance(error, run_interrupted):

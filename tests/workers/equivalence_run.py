@@ -9,6 +9,11 @@ and each case's one-device weights to OUT's folder as ``CASE.npz``.
 ``python equivalence_run.py --worker OUT_DIR CASE ...`` is one worker of a
 ``MultiWorkerMirroredStrategy`` run (its ``TF_CONFIG`` set by the caller): it trains each
 case there and writes its weights to ``OUT_DIR/CASE.npz``.
+
+``python equivalence_run.py --one OUT_DIR [--no-arithmetic-optimization] [CASE ...]``
+trains each case on one device alone and writes its weights to ``OUT_DIR/CASE.npz``: run
+with oneDNN off, or the arithmetic optimizer off, it measures the cases' noise floors
+(``benchmarks/replica_gaps.py --small``).
 """
 
 from __future__ import annotations
@@ -250,6 +255,22 @@ def main(out: str, names: list[str]) -> None:
     Path(out).write_text(json.dumps(report, indent=1))
 
 
+def one_device(out_dir: str, names: list[str]) -> None:
+    """Each case on one device alone, its weights to ``OUT_DIR/CASE.npz``: run under
+    another ``TF_ENABLE_ONEDNN_OPTS`` (or ``--no-arithmetic-optimization``), the same
+    run with its sums in another valid order, the noise floor of the replicas' gap."""
+    cpu = tf.config.list_physical_devices("CPU")[0]  # the devices of ``main``'s process
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    if names and names[0] == "--no-arithmetic-optimization":
+        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+        names = names[1:]
+    import beatloop
+
+    for name in names or list(CASES):
+        result = run_case(beatloop, CASES[name], None)
+        np.savez(Path(out_dir) / f"{name}.npz", **flat_weights(result))
+
+
 def worker(out_dir: str, names: list[str]) -> None:
     import beatloop
 
@@ -262,5 +283,7 @@ def worker(out_dir: str, names: list[str]) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "--one":
+        one_device(sys.argv[2], sys.argv[3:])
     else:
         main(sys.argv[1], sys.argv[2:])

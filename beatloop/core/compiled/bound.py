@@ -286,14 +286,28 @@ class BoundSchedule:
         return tuple(e for e in self.entries if isinstance(e, BoundUpdate))
 
     def describe_variables(self) -> str:
-        """Each beat followed by the paths and shapes of the variables it updates, then
-        each update that writes model variables, with them."""
+        """Each beat followed by the variables it updates, then each update that writes
+        model variables, with them: one line per variable, ``MODEL/PATH (shape)``, MODEL
+        the recipe's name of the model (not repeated for a model whose every path starts
+        with it, as a ``Sequential`` of that name's do). The model comes first because
+        two models' variables can share a path (the ``ppo`` recipe's policy and value
+        networks each have a ``hidden_1/kernel``); a variable two models hold (a shared
+        layer) is named by the first of them."""
+        prefix: dict[int, str] = {}
+        for name, model in self.models.items():
+            named = all(v.path.startswith(f"{name}/") for v in model.variables)
+            for variable in model.variables:
+                prefix.setdefault(id(variable), "" if named else f"{name}/")
+
+        def line(variable) -> str:
+            return f"    {prefix.get(id(variable), '')}{variable.path} {tuple(variable.shape)}"
+
         lines = []
         for beat in self.beats:
             lines.append(f"{beat.name} ({len(beat.variables)} variables):")
-            lines.extend(f"    {v.path} {tuple(v.shape)}" for v in beat.variables)
+            lines.extend(line(v) for v in beat.variables)
         for update in self.updates:
             if update.writes:
                 lines.append(f"{update.name} (update, writes {len(update.writes)} variables):")
-                lines.extend(f"    {v.path} {tuple(v.shape)}" for v in update.writes)
+                lines.extend(line(v) for v in update.writes)
         return "\n".join(lines)
