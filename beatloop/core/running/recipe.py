@@ -108,7 +108,8 @@ class Recipe(abc.ABC):
         super().__init_subclass__(**kwargs)
         for method in REPORTED:
             function = vars(cls).get(method)
-            if inspect.isfunction(function):
+            # The base class's own (a subclass undoing a parent's) stays itself: unwrapped.
+            if inspect.isfunction(function) and function is not vars(Recipe).get(method):
                 setattr(cls, method, _reported(function, method))
 
     @classmethod
