@@ -18,7 +18,12 @@ import keras
 import tensorflow as tf
 
 from beatloop.callbacks.profiler import Profiler
-from beatloop.callbacks.standard import History, JsonLinesLogger, ProgressBar
+from beatloop.callbacks.standard import (
+    History,
+    JsonLinesLogger,
+    NothingWrittenWarning,
+    ProgressBar,
+)
 from beatloop.core.compiled.phased import updates_by_beat
 from beatloop.core.data.batches import (
     DataSplit,
@@ -42,6 +47,7 @@ from beatloop.core.saving.run_dir import (
     RunDirBefore,
     check_run_dir,
     create_run_dir,
+    existing_run_dir,
     never_started,
     remove_leftovers,
 )
@@ -279,14 +285,12 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
                 if tidied
                 else "nothing written"
             )
-            warnings.warn(
+            message = (
                 f"the run dir {run_path} holds {epochs} finished epoch(s) already, as many "
                 f"as epochs={epochs} asks for: nothing to train, {written} (a higher "
-                "--epochs trains it further)",
-                UserWarning,
-                stacklevel=3,
+                "--epochs trains it further)"
             )
-            _fit_events_only(engine, history, epochs)
+            _fit_events_only(engine, history, epochs, message)
             return _result(engine, history)
         create_run_dir(run_path)  # the run starts: only now is anything written
         remove_leftovers(run_path)
@@ -305,15 +309,27 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
     return _result(engine, history)
 
 
-def _fit_events_only(engine: Engine, history: History, epochs: int) -> None:
+def _fit_events_only(engine: Engine, history: History, epochs: int, message: str) -> None:
     """``on_fit_start`` then ``on_fit_end`` for a run dir that holds the epochs asked for
     already: callbacks see the run as its checkpoint restored it, and ``on_fit_end`` the
     last epoch's figures as its history holds them (an ``EarlyStopping`` puts its best
-    weights back, as when the run ended)."""
+    weights back, as when the run ended). One warning, ``message``, says so, with what
+    the log files found and left as they are (not a warning of their own each)."""
     engine.run.epochs = epochs
     done = max((len(values) for values in history.history.values()), default=0)
     logs = {name: values[-1] for name, values in history.history.items() if len(values) == done}
-    engine.callbacks.fire("fit_start", engine.run)
+    caught = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.callbacks.fire("fit_start", engine.run)
+    finally:  # said even when a callback fails
+        folded = [w.message for w in caught if isinstance(w.message, NothingWrittenWarning)]
+        found = "".join(f"; {w.found}{w.advice}" for w in folded)
+        warnings.warn(message + found, UserWarning, stacklevel=4)
+        for other in caught:  # the callbacks' other warnings, as they were raised
+            if not isinstance(other.message, NothingWrittenWarning):
+                warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     engine.callbacks.fire("fit_end", engine.run, logs)
 
 
@@ -363,7 +379,9 @@ def evaluate(
 
 
 def _stored_record(run_path: Path, verb: str):
-    stored = latest_record(run_path)
+    """The run's latest readable record: a ``RunDirError`` when ``run_path`` is no
+    folder, a ``CheckpointError`` when it holds no checkpoint."""
+    stored = latest_record(existing_run_dir(run_path, verb, written_by="fit's run_dir="))
     if stored is None:
         raise CheckpointError(f"{run_path} holds no readable checkpoint to {verb}")
     return stored

@@ -214,6 +214,22 @@ def test_a_run_without_validation_data_asks_for_data(small_digits):
     )
 
 
+def test_evaluate_and_restore_of_a_missing_or_file_path_say_so_in_python(tmp_path):
+    missing = tmp_path / "nope"
+    for call, verb in ((beatloop.evaluate, "evaluate"), (beatloop.restore, "restore")):
+        with pytest.raises(beatloop.RunDirError) as refused:
+            call(missing)
+        assert str(refused.value) == (
+            f"the run dir {missing} does not exist: give the run dir a run wrote "
+            f"(fit's run_dir=) to {verb}"
+        )
+        assert refused.value.exit_code == 5
+    (tmp_path / "notes").write_text("a file")
+    with pytest.raises(beatloop.RunDirError, match="notes is a file, not a folder: give the"):
+        beatloop.restore(tmp_path / "notes")
+    assert not missing.exists() and (tmp_path / "notes").read_text() == "a file"
+
+
 def test_a_run_dir_without_checkpoint_is_a_checkpoint_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(beatloop.CheckpointError, match="holds no readable checkpoint to evaluate"):

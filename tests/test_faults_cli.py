@@ -270,16 +270,14 @@ def test_a_torn_row_with_nothing_to_train_is_named_once_and_agrees_nothing_is_wr
         warnings.simplefilter("always")  # shown as the command shows them, one line each
         assert main(command) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert said[0].endswith(
-        "nothing to train, nothing written (a higher --epochs trains it further)"
-    )
-    assert said[1:] == [
-        f"beatloop: warning: {path} holds 1 torn line(s) (a run killed while writing them) and "
-        "lacks epoch 2's row: nothing is written, since there is nothing to train (the run dir "
-        "holds the 2 epoch(s) asked for); a run with a higher --epochs (epochs=) drops the torn "
-        "line(s) and writes epoch 2's row back from the checkpoint"
+    assert said == [
+        f"beatloop: warning: the run dir {run_dir} holds 2 finished epoch(s) already, as many "
+        "as epochs=2 asks for: nothing to train, nothing written (a higher --epochs trains it "
+        f"further); {path} holds 1 torn line(s) (a run killed while writing them) and lacks "
+        "epoch 2's row; a run with a higher --epochs (epochs=) drops the torn line(s) and "
+        "writes epoch 2's row back from the checkpoint"
     ]
-    assert path.read_bytes() == torn  # nothing written, as both lines say
+    assert path.read_bytes() == torn  # nothing written, as the line says
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main([*command[:-1], "3"]) == 0  # what the advice says

@@ -48,8 +48,9 @@ def test_a_held_run_dir_is_refused_naming_the_holder_and_the_lock_file_is_put_ba
         assert f"the run dir {run_dir} is in use by another run (pid {os.getpid()} on " in message
         assert f"started {held['started']}" in message and "--run-dir" in message
         assert refused.value.exit_code == 5
-    assert not (run_dir / ".lock").exists()  # created by the lock, removed with it
+    assert not (tmp_path / "new").exists()  # the lock file and the folders made for it go
 
+    run_dir.mkdir(parents=True)
     (run_dir / ".lock").write_bytes(b"left by a killed run\n")  # flock went with it
     with RunDirLock.acquire(run_dir) as lock:
         assert not lock.created_dir

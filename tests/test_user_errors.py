@@ -273,13 +273,14 @@ def test_the_command_line_shows_the_line_and_the_cause(monkeypatch, capsys, tmp_
     registry = registry_module.Registry(load_entry_points=False)
     registry.register(BrokenByName)
     monkeypatch.setattr(registry_module, "_REGISTRY", registry)
-    run_dir = tmp_path / "runs" / "broken"  # not runs/ in the checkout, left behind empty
+    run_dir = tmp_path / "runs" / "first" / "broken"  # its parents made for it, by its lock
     assert main(["run", "broken_by_name_test", "--quiet", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("beatloop: error: recipe 'broken_by_name_test': loss 'xent'")
     assert f"test_user_errors.py:{line_of('# loss raises here')} in xent" in err
     assert "KeyError: 'oops'" in err
     assert not run_dir.exists()  # a run that never stepped takes its run dir back
+    assert sorted(tmp_path.iterdir()) == []  # and the folders made to hold it
 
 
 class PerTaskRows(beatloop.Recipe):

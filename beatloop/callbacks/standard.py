@@ -207,6 +207,16 @@ def _not_kept(epochs: list[int], last: dict | None) -> str:
     )
 
 
+class NothingWrittenWarning(RuntimeWarning):
+    """A log file's damage named, not repaired, on a resume with nothing to train:
+    ``found`` what the file lacks or holds torn, ``advice`` what a longer run will do
+    (``fit`` folds both into its one "nothing to train" warning)."""
+
+    def __init__(self, message: str, *, found: str, advice: str):
+        super().__init__(message)
+        self.found, self.advice = found, advice
+
+
 class EpochLogFile(Callback):
     """Base of the per-epoch log files: a file given by path, or ``filename`` in the run
     dir; its folder is created when the run starts.
@@ -332,10 +342,11 @@ class EpochLogFile(Callback):
         advice = f"; a run with a higher --epochs (epochs=) {' and '.join(later)}" if later else ""
         if lost:
             advice += f"; {_not_kept(lost, self._last)}"
-        self._warn(
+        message = (
             f"{found}: nothing is written, since there is nothing to train (the run dir holds "
             f"the {epochs} epoch(s) asked for){advice}"
         )
+        self._warn(NothingWrittenWarning(message, found=found, advice=advice))
 
     def _lines(self) -> list[str] | None:
         """The file's lines, line ends kept; ``None`` when there is no file."""
@@ -370,7 +381,7 @@ class EpochLogFile(Callback):
         return [*headers, *(line for line in made if line), *(line for *_, line in ordered)]
 
     @staticmethod
-    def _warn(message: str) -> None:
+    def _warn(message: str | Warning) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)  # on_fit_start's caller
 
     def header(self, kept: list[str]) -> str:

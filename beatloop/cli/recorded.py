@@ -12,17 +12,11 @@ __all__ = ["existing_run_dir", "read_recorded_source", "recorded_recipe", "recor
 
 
 def existing_run_dir(run_dir: Path, verb: str) -> Path:
-    """``run_dir``, checked before anything is read: a ``RunDirError`` (exit 5, as for
-    any run dir that cannot be used) when it does not exist or is a file, rather than
-    "holds no readable checkpoint", which is for a folder without checkpoints."""
-    from beatloop.core.failures.errors import RunDirError
+    """``run_dir``, checked before anything is read (``core.saving.run_dir``'s check, in
+    the command line's words)."""
+    from beatloop.core.saving.run_dir import existing_run_dir as checked
 
-    advice = f"give the run dir a run wrote (beatloop run --run-dir) to {verb}"
-    if not run_dir.exists():
-        raise RunDirError(f"the run dir {run_dir} does not exist: {advice}")
-    if not run_dir.is_dir():
-        raise RunDirError(f"the run dir {run_dir} is a file, not a folder: {advice}")
-    return run_dir
+    return checked(run_dir, verb)
 
 
 def recorded_recipe(run_dir: Path, verb: str):

@@ -73,6 +73,20 @@ def check_run_dir(run_dir: Path) -> None:
         raise RunDirError(f"{checkpoints} is a file, not the run's checkpoint folder; {advice}")
 
 
+def existing_run_dir(run_dir: Path, verb: str, written_by: str = "beatloop run --run-dir"):
+    """``run_dir``, checked before anything is read: a ``RunDirError`` (exit 5, as for
+    any run dir that cannot be used) when it does not exist or is a file, rather than
+    "holds no readable checkpoint", which is for a folder without checkpoints;
+    ``written_by``: how a run dir is written, in the words of the caller's surface."""
+    run_dir = Path(run_dir)
+    advice = f"give the run dir a run wrote ({written_by}) to {verb}"
+    if not run_dir.exists():
+        raise RunDirError(f"the run dir {run_dir} does not exist: {advice}")
+    if not run_dir.is_dir():
+        raise RunDirError(f"the run dir {run_dir} is a file, not a folder: {advice}")
+    return run_dir
+
+
 def check_export_dir(out: Path) -> None:
     """Refuse an export folder the SavedModels could not be written to, before anything
     is written: a file, a folder under a file, or one whose nearest existing folder is

@@ -28,13 +28,18 @@ from beatloop.core.saving.run_dir import LOCK_NAME, never_started, writing
 class RunDirLock:
     """The lock on one run dir, held from ``acquire`` to ``release``.
 
-    ``created_dir``: the run dir did not exist and was created to hold the lock file (a
-    run that fails to start removes it again)."""
+    ``made``: the folders created to hold the lock file, deepest first (the run dir and
+    any missing parents); ``created_dir`` says whether there were any. A run that fails to
+    start removes the run dir again, and ``release`` removes the parents then left empty.
+    """
 
-    def __init__(self, run_dir: Path, descriptor: int, previous: bytes | None, created_dir: bool):
+    def __init__(
+        self, run_dir: Path, descriptor: int, previous: bytes | None, made: tuple = ()
+    ):  # fmt: skip
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
-        self.created_dir = created_dir
+        self.made = tuple(made)
+        self.created_dir = bool(self.made)
         self._descriptor: int | None = descriptor
         self._previous = previous
 
@@ -48,17 +53,13 @@ class RunDirLock:
         try:
             with writing(run_dir, "create"):
                 run_dir.mkdir(parents=True, exist_ok=True)
-            return cls._locked(run_dir, bool(made))
+            return cls._locked(run_dir, made)
         except RunDirError as error:
-            for folder in made:  # deepest first; only those left empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            _remove_empty(made)
             raise never_started(error) from error.__cause__
 
     @classmethod
-    def _locked(cls, run_dir: Path, created_dir: bool) -> RunDirLock:
+    def _locked(cls, run_dir: Path, made: list[Path]) -> RunDirLock:
         """The lock on an existing ``run_dir``, its holder written into the lock file."""
         path = run_dir / LOCK_NAME
         while True:  # until the file locked is the one at the path (see _same_file)
@@ -73,7 +74,7 @@ class RunDirLock:
             if _same_file(descriptor, path):
                 break
             os.close(descriptor)  # released and removed by its holder meanwhile: again
-        lock = cls(run_dir, descriptor, previous, created_dir)
+        lock = cls(run_dir, descriptor, previous, made)
         try:
             lock._write(json.dumps(holder()).encode("utf-8") + b"\n")
         except BaseException:
@@ -96,6 +97,7 @@ class RunDirLock:
             pass  # the run dir went away (put back) or is read-only now: nothing to keep
         finally:
             os.close(descriptor)  # the flock goes with the last descriptor
+        _remove_empty(self.made)  # a run put back: the parents made for it go too
 
     def __enter__(self) -> RunDirLock:
         return self
@@ -106,6 +108,18 @@ class RunDirLock:
     def _write(self, content: bytes) -> None:
         with writing(self.path):
             _overwrite(self._descriptor, content)
+
+
+def _remove_empty(folders) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: those already gone are
+    passed over, the first that holds anything ends it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break
 
 
 def holder() -> dict:
