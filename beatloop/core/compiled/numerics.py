@@ -29,7 +29,20 @@ COLUMNS = 2
 def gradient_squares(grads) -> list[tf.Tensor]:
     """Half the sum of squares of each gradient: one ``L2Loss`` op per gradient (the
     cheapest reduction TensorFlow has for it), which ``beat_checks`` doubles once."""
-    return [tf.nn.l2_loss(g) for g in grads]
+    return [half_squares(g) for g in grads]
+
+
+def half_squares(grad) -> tf.Tensor:
+    """Half the sum of squares of ``grad``; an embedding's sparse gradient
+    (``IndexedSlices``, a row per lookup) is not made dense, a table-sized tensor every
+    step: its rows of one index are summed first, as the dense gradient sums them, so
+    the figure is the dense one's and non-finite exactly when that is. There are as
+    many sums as lookups (the unused ones zero): a size XLA knows."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return tf.nn.l2_loss(grad)
+    _, rows = tf.unique(grad.indices)
+    lookups = tf.shape(grad.indices)[0]
+    return tf.nn.l2_loss(tf.math.unsorted_segment_sum(grad.values, rows, lookups))
 
 
 def beat_checks(losses: Sequence[tf.Tensor], squares: Sequence[tf.Tensor]) -> tf.Tensor:
