@@ -1,13 +1,15 @@
 """Each epoch timed on its own: beatloop's supervised recipe beside the equal Keras ``fit``.
 
-The two train ``engine_overhead.py``'s classifier (784-64-10, Adam, a loss mean and
-sparse categorical accuracy) from the same weights on the same data, at the same batch
-size and steps per execution. A callback notes ``perf_counter`` at each epoch's start
-and end in both; each fit's first epoch (tracing) is dropped. Fits alternate (beatloop,
-fit, fit, beatloop, ...: the side that goes first swaps each round) so that machine noise
-falls on both; every kept epoch of a side is pooled. Printed per side: the best and the
-median epoch, their ratios fit / beatloop (>= 1.0: beatloop at least as fast), the
-spread of the rounds' medians, and the per-call difference in milliseconds.
+The two (and beatloop with ``check_gradients=False``, "losses": its NaN guard on the
+losses only, as fit's ``TerminateOnNaN`` would check) train ``engine_overhead.py``'s
+classifier (784-64-10, Adam, a loss mean and sparse categorical accuracy) from the same
+weights on the same data, at the same batch size and steps per execution. A callback
+notes ``perf_counter`` at each epoch's start and end in all; each fit's first epoch
+(tracing) is dropped. Fits alternate (beatloop, fit, losses, then the reverse: the order
+reverses each round) so that machine noise falls on all; every kept epoch of a side is
+pooled. Printed per side: the best and the median epoch, their ratios fit / beatloop
+(>= 1.0: beatloop at least as fast), the spread of the rounds' medians, and the
+per-call difference in milliseconds.
 
     python benchmarks/epoch_times.py                # 7 rounds of 6 epochs (a few minutes)
     python benchmarks/epoch_times.py --quick        # smoke run
@@ -20,6 +22,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -36,7 +39,11 @@ import beatloop
 
 DEFAULTS = {"rounds": 7, "epochs": 6, "examples": 16384, "batch_size": 32, "steps": 32}
 QUICK = {"rounds": 2, "epochs": 3, "examples": 2048}
-SIDES = {"beatloop": eo.run_beatloop, "fit": eo.run_keras_fit}
+SIDES = {
+    "beatloop": eo.run_beatloop,
+    "fit": eo.run_keras_fit,
+    "losses": functools.partial(eo.run_beatloop, check_gradients=False),
+}
 
 
 def measure(settings: argparse.Namespace) -> dict[str, list[list[float]]]:
@@ -72,10 +79,11 @@ def summary(rounds: dict[str, list[list[float]]], calls: int) -> dict:
             "median": statistics.median(pooled),
             "spread": spread([statistics.median(epochs) for epochs in times]),
         }
-    ours, theirs = sides["beatloop"], sides["fit"]
+    ours, theirs, losses = sides["beatloop"], sides["fit"], sides["losses"]
     return {
         "sides": sides,
         "ratios": {key: theirs[key] / ours[key] for key in ("best", "median")},
+        "ratios_losses_only": {key: theirs[key] / losses[key] for key in ("best", "median")},
         "per_call_ms": {
             key: 1000 * (ours[key] - theirs[key]) / calls for key in ("best", "median")
         },
@@ -98,6 +106,11 @@ def print_report(settings, calls: int, figures: dict) -> None:
         )
     ratios, extra = figures["ratios"], figures["per_call_ms"]
     print(f"{'fit / beatloop':<10}{ratios['best']:>9.3f}x{ratios['median']:>9.3f}x  target >= 1.0x")
+    losses = figures["ratios_losses_only"]
+    print(
+        f"{'fit / losses':<14}{losses['best']:>5.3f}x{losses['median']:>9.3f}x  "
+        "(beatloop's guard on the losses only)"
+    )
     print(
         f"{'ms a call':<10}{extra['best']:>+10.3f}{extra['median']:>+10.3f}  "
         "(beatloop minus fit; negative: beatloop faster)"

@@ -147,3 +147,39 @@ def test_a_nan_in_an_embeddings_gradient_stops_the_run_naming_the_beat_and_step(
     with pytest.raises(NumericsError, match=message):
         engine.fit(1)
     assert int(engine.state.step) == 3  # the call of 4 steps stopped at the third
+
+
+def test_without_the_gradient_check_a_nan_gradient_is_found_at_the_loss_it_spoils():
+    """``check_gradients=False``: the step reduces no gradient (no ``L2Loss`` traced); the
+    NaN update of step 3 goes unseen until step 4 looks the spoilt row up again."""
+    ids = np.random.default_rng(2).integers(1, ROWS, size=(64, 3))
+    ids[37, 1] = 0  # in the third batch of 16: table row 0, made zeros
+    ids[50, 2] = 0  # and in the fourth, where the NaN row makes the loss NaN
+    found = {}
+    for check in (True, False):
+        options = EngineOptions(steps_per_execution=4, check_gradients=check)
+        engine = Engine(RootOfRows(), as_data_split((lookups(ids), None)), options=options)
+        table = engine.bound.models["table"].layers[0].embeddings
+        table.assign(tf.tensor_scatter_nd_update(table, [[0]], tf.zeros([1, WIDTH])))
+        with pytest.raises(NumericsError) as caught:
+            engine.fit(1)
+        ops = {op.type for graph in graphs(engine.train_loop.graph, set())
+               for op in graph.get_operations()}  # fmt: skip
+        found[check] = (str(caught.value), int(engine.state.step), "L2Loss" in ops)
+    assert found[True][1:] == (3, True) and "non-finite gradient global norm" in found[True][0]
+    assert found[False][1:] == (4, False)
+    assert found[False][0].startswith("beat 'roots' produced a non-finite loss (nan) at step 4 ")
+
+
+def test_a_run_without_the_gradient_check_trains_bit_for_bit_as_with_it(small_digits):
+    from helpers import dict_batches
+
+    train, validation = small_digits
+    digit_batches = dict_batches(train, 25), dict_batches(validation, 50)
+    weights = {}
+    for check in (True, False):
+        options = {"steps_per_execution": 8, "check_gradients": check, "progress": False}
+        result = beatloop.fit("supervised", data=digit_batches, epochs=1, seed=3, **options)
+        weights[check] = [w.numpy() for w in result.models["model"].weights]
+    for with_check, without in zip(weights[True], weights[False], strict=True):
+        np.testing.assert_array_equal(with_check, without)

@@ -99,6 +99,14 @@ def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
         "checkpoint and skip the batch",
     )
     run.add_argument(
+        "--no-gradient-check",
+        dest="check_gradients",
+        action="store_false",
+        help="the NaN guard checks the losses only, not every gradient each step: a little "
+        "faster; a non-finite gradient is found at the first loss it spoils (default: losses "
+        "and gradients checked)",
+    )
+    run.add_argument(
         "--max-rollbacks", type=int, default=3, metavar="N", help="rollbacks before stopping"
     )
     run.add_argument(
@@ -195,7 +203,8 @@ def run(args) -> int:
         seed=args.seed, steps_per_execution=args.steps_per_execution, callbacks=callbacks,
         debug=args.debug, run_dir=run_dir, progress=not args.quiet,
         checkpoint_every=args.checkpoint_every, max_to_keep=args.max_to_keep,
-        on_nan=args.on_nan, max_rollbacks=args.max_rollbacks, divergence=args.divergence,
+        on_nan=args.on_nan, check_gradients=args.check_gradients,
+        max_rollbacks=args.max_rollbacks, divergence=args.divergence,
         divergence_window=args.divergence_window, jit_compile=args.jit_compile,
         precision=args.precision, strategy=chosen, data=data_option(args),
         accept_changed_data=args.accept_changed_data, profile=args.profile,

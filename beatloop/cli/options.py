@@ -13,10 +13,12 @@ from beatloop.core.running.pacing import steps_per_execution
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Help that shows every option's default and keeps the exit code table's lines. An
     option whose default is nothing (``None``: its help says what that means; an off
-    flag; an empty list) shows no ``(default: ...)``."""
+    flag; an empty list; a ``--no-...`` flag, whose help says what is on without it) shows
+    no ``(default: ...)``."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False, []) or action.default is argparse.SUPPRESS:
+        nothing = action.default in (None, False, []) or action.default is argparse.SUPPRESS
+        if nothing or isinstance(action, argparse._StoreFalseAction):
             return action.help or ""
         return super()._get_help_string(action)
 

@@ -71,6 +71,7 @@ class TrainStep:
     and recipe state are one agent's whatever the replica count. With a ``probe``, the
     trace records the gradients a beat's loss does not give and the global random ops
     it draws from (``beatloop.core.compiled.gradient_probe``), instead of refusing the first.
+    ``check_gradients=False``: the checks hold the losses only (a zero gradient column).
     """
 
     def __init__(
@@ -84,11 +85,13 @@ class TrainStep:
         divergence: DivergenceGuard | None = None,
         gathering: Gathering | None = None,
         probe: GradientProbe | None = None,
+        check_gradients: bool = True,
     ):
         self.bound = bound
         self.metrics = metrics
         self.update_metrics = update_metrics
         self.debug = debug
+        self.check_gradients = check_gradients
         self.strategy = strategy
         self.divergence = divergence
         self.gathering = gathering
@@ -216,7 +219,7 @@ class TrainStep:
                 losses[beat.name].append(unless(holds_now, self._checked_loss(loss, weight)))
                 # Under loss scaling an overflowing gradient is expected now and then: the
                 # optimizer skips that update and lowers the scale, so only the loss counts.
-                if not scaled:
+                if self.check_gradients and not scaled:
                     squares[beat.name].extend(unless(holds_now, g) for g in gradient_squares(grads))
             if self.debug and self.divergence is not None and repeat == group.repeat - 1:
                 for beat in group.beats:  # the step's loss is whole: before its last update

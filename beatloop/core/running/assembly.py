@@ -184,10 +184,8 @@ def _loops(
     steps = options.largest_steps_per_execution
     train_step = TrainStep(
         bound, train_metrics, as_written(recipe, recipe.update_metrics), debug=options.debug,
-        strategy=strategy,
-        divergence=divergence,
-        gathering=Gathering.of(data.train, strategy, steps, "training"),
-        probe=probe,
+        strategy=strategy, divergence=divergence, check_gradients=options.check_gradients,
+        gathering=Gathering.of(data.train, strategy, steps, "training"), probe=probe,
     )  # fmt: skip
     spec = data.train.element_spec  # errors of its losses read as in bind's own trace
     with schedule_errors(label, spec), data_errors("training", label), in_recipe(label, spec):

@@ -59,11 +59,13 @@ class EngineOptions:
     always checkpoints at each epoch's end). ``max_to_keep``: checkpoints kept on disk.
     ``on_nan``: what a non-finite loss or gradient norm does: ``"raise"`` stops the run,
     ``"rollback"`` restores the last checkpoint and goes on after the offending batch, at
-    most ``max_rollbacks`` times. ``divergence``: also fault (as ``on_nan`` says) at a
-    step where a beat's ``|loss|`` is above ``divergence`` times the median of its
-    ``|loss|`` over its last ``divergence_window`` steps (see
-    ``DivergenceGuard``); ``None`` (the default) builds no
-    part of it. ``debug``: run the steps eagerly and stop before a non-finite (or
+    most ``max_rollbacks`` times. ``check_gradients=False``: the guard checks the losses
+    only (no reduction of every gradient each step): a non-finite gradient of a finite
+    loss is then found at the first loss it makes non-finite. ``divergence``: also fault
+    (as ``on_nan`` says) at a step where a beat's ``|loss|`` is above ``divergence``
+    times the median of its ``|loss|`` over its last ``divergence_window`` steps (see
+    ``DivergenceGuard``); ``None`` (the default) builds no part of it. ``debug``: run the
+    steps eagerly and stop before a non-finite (or
     diverged) update. ``jit_compile``: compile the training and validation steps with
     XLA. ``precision``: ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's
     models under that Keras policy (float32 variables, half-precision compute; outputs
@@ -93,6 +95,7 @@ class EngineOptions:
     keep_best: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
     )
+    check_gradients: bool = attrs.field(default=True, validator=_bool)
 
     @property
     def largest_steps_per_execution(self) -> int:
