@@ -160,9 +160,10 @@ def fit(
     ``on_nan="rollback"`` answers a non-finite loss or gradient norm by restoring the
     last checkpoint and going on after the offending batch (at most ``max_rollbacks``
     times); ``"raise"`` stops the run. ``check_gradients=False`` checks the losses only,
-    as Keras's ``TerminateOnNaN`` does (each step's gradients are not reduced: about 3% of
-    a small model's step, docs/speed.md): a non-finite gradient is then found at the first
-    loss it makes non-finite, a step or more after the update it spoilt.
+    as Keras's ``TerminateOnNaN`` does (each step's gradients are not reduced: about 4% of
+    a small model's step, [speed](speed.md#beside-keras-fit-and-hand-written-loops)): a
+    non-finite gradient is then found at the first loss it makes non-finite, a step or
+    more after the update it spoilt.
 
     ``divergence=F`` (a number > 1; off by default) also treats a loss that runs away
     while staying finite as a fault, answered as ``on_nan`` says: a step where a beat's

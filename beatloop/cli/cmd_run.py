@@ -66,6 +66,18 @@ def _add_what_runs(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_gradient_check(run: argparse.ArgumentParser) -> None:
+    """``--no-gradient-check``: the NaN guard on the losses only."""
+    run.add_argument(
+        "--no-gradient-check",
+        dest="check_gradients",
+        action="store_false",
+        help="the NaN guard checks the losses only, not every gradient each step: a little "
+        "faster; a non-finite gradient is found at the first loss it spoils (default: losses "
+        "and gradients checked)",
+    )
+
+
 def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--checkpoint-every",
@@ -98,14 +110,7 @@ def _add_checkpoints_and_faults(run: argparse.ArgumentParser) -> None:
         help="on a non-finite (or diverging) loss or gradient: stop, or restore the last "
         "checkpoint and skip the batch",
     )
-    run.add_argument(
-        "--no-gradient-check",
-        dest="check_gradients",
-        action="store_false",
-        help="the NaN guard checks the losses only, not every gradient each step: a little "
-        "faster; a non-finite gradient is found at the first loss it spoils (default: losses "
-        "and gradients checked)",
-    )
+    _add_gradient_check(run)
     run.add_argument(
         "--max-rollbacks", type=int, default=3, metavar="N", help="rollbacks before stopping"
     )
