@@ -65,10 +65,10 @@ class EngineOptions:
     (as ``on_nan`` says) at a step where a beat's ``|loss|`` is above ``divergence``
     times the median of its ``|loss|`` over its last ``divergence_window`` steps (see
     ``DivergenceGuard``); ``None`` (the default) builds no part of it. ``debug``: run the
-    steps eagerly and stop before a non-finite (or
-    diverged) update. ``jit_compile``: compile the training and validation steps with
-    XLA. ``precision``: ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's
-    models under that Keras policy (float32 variables, half-precision compute; outputs
+    steps eagerly and stop before a non-finite (or diverged) update. ``jit_compile``:
+    compile the training and validation steps with XLA. ``precision``:
+    ``"mixed_float16"`` or ``"mixed_bfloat16"`` builds the recipe's models under that
+    Keras policy (float32 variables, half-precision compute; outputs
     reach the losses as float32), and for float16 wraps every optimizer in loss scaling.
     ``keep_best``: keep the checkpoint of the best epoch by a figure (``"val_loss:min"``,
     ``"FIGURE:max"``, ``"quality"``: the recipe's ``quality_figure``; ``None``: off, or on
