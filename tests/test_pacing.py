@@ -40,6 +40,21 @@ def test_auto_settles_where_the_per_call_overhead_is_under_two_percent():
     assert sorted(set(seen)) == [1, 2, 4, 8, 512]  # doubles, then jumps to the fit's K
 
 
+def test_auto_counts_the_last_shorter_call_of_an_epoch_of_known_length():
+    """184 steps an epoch, 0.8 ms a call, 0.4 ms a step: K=128 keeps one call's overhead
+    under 2% of the call, but its epoch takes two calls (2.1% of the epoch); K=256 takes
+    one. With no epoch length known, 128 is chosen."""
+    alone = AutoPace()
+    timed(alone, per_call=0.8e-3, per_step=0.4e-3)
+    assert alone.steps == 128
+    epoch = pace_for("auto", epoch_steps=184)
+    timed(epoch, per_call=0.8e-3, per_step=0.4e-3)
+    assert epoch.settled and epoch.steps == 256
+    divides = pace_for("auto", epoch_steps=256)  # two calls of 128 and one of 256 alike
+    timed(divides, per_call=0.8e-3, per_step=0.4e-3)
+    assert divides.steps == 128
+
+
 def test_auto_keeps_calls_under_a_quarter_second():
     pace = AutoPace()
     timed(pace, per_call=5e-3, per_step=10e-3)  # the overhead asks for K=32: 0.325 s

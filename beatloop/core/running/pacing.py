@@ -4,8 +4,9 @@
 of its ``execution_end`` work (so the host's share between calls counts), the fastest
 of a few calls per K (noise only ever adds time). K doubles from 1; once three K above
 1 are timed, a call's time is fitted as ``per_call + K * per_step`` and K jumps to the
-smallest power of two at which ``per_call`` is under 2% of a call and a call lasts at
-least 25 ms, and settles there.
+smallest power of two at which a call lasts at least 25 ms and ``per_call`` is under 2%
+of the time (of a call; of an epoch when its length is known, its last, shorter call
+counted), and settles there.
 It stops before a call would last longer than about 0.25 s (progress, Ctrl-C and
 callbacks stay responsive), at the largest K a callback allows, and at the first power
 of two covering a whole pass. Results do not depend on K (the compiled loop takes K as
@@ -149,19 +150,31 @@ class AutoPace:
         self.steps = following
 
     def _wanted(self) -> int | None:
-        """The smallest power of two K at which the fitted per-call overhead is under the
-        target share of a call, and calls last the shortest call at least (``None``: not
-        fitted yet; twice this K when the fit sees no cost per step, which only noise or
-        a dominating overhead give)."""
+        """The smallest power of two K whose calls last the shortest call at least and
+        whose fitted per-call overhead is under the target share (``None``: not fitted
+        yet; twice this K when the fit sees no cost per step, which only noise or a
+        dominating overhead give)."""
         fitted = self.overhead()
         if fitted is None:
             return None
         per_call, per_step = fitted
         if per_step <= 0:
             return 2 * self.steps
-        share = self.targets.overhead
-        wanted = max(per_call, 0) * (1 - share) / (share * per_step)  # none seen: 0
-        return _power_of_two_at_least(max(wanted, self.targets.shortest_call / per_step))
+        steps = _power_of_two_at_least(self.targets.shortest_call / per_step)
+        while (
+            steps < self.ceiling and self._share(steps, per_call, per_step) > self.targets.overhead
+        ):
+            steps *= 2
+        return steps
+
+    def _share(self, steps: int, per_call: float, per_step: float) -> float:
+        """The per-call overhead's share of the time at K = ``steps``: of one call, or,
+        when the span is known, of the span, counting its last, shorter call (a K just
+        short of the span pays for two calls where the next power of two pays for one)."""
+        per_call = max(per_call, 0.0)  # a fit through noise may find it below zero
+        calls = 1 if self.span is None else -(-self.span // steps)
+        work = (steps if self.span is None else self.span) * per_step
+        return calls * per_call / (calls * per_call + work)
 
     def _longest(self, per_step: float) -> int:
         """The largest power of two K up to the ceiling whose calls, at ``per_step``
