@@ -40,6 +40,7 @@ from beatloop.core.running.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.running.pacing import AUTO
 from beatloop.core.running.recipe import Recipe, defines
 from beatloop.core.running.result import FitResult
+from beatloop.core.saving import op_determinism as determinism
 from beatloop.core.saving.checkpoints import latest_record
 from beatloop.core.saving.checkpoints import remove_leftovers as remove_checkpoint_leftovers
 from beatloop.core.saving.record import read_run_json, update_run_json, write_run_json
@@ -87,6 +88,7 @@ def fit(
     optimizers: Mapping[str, keras.optimizers.Optimizer] | None = None,
     callbacks: Sequence[Callback | keras.callbacks.Callback] = (),
     seed: int | None = None,
+    op_determinism: bool | None = None,
     steps_per_execution: int | str = "auto",
     steps_per_epoch: int | None = None,
     debug: bool = False,
@@ -115,8 +117,13 @@ def fit(
     ``models`` and ``optimizers`` replace the recipe's parts by name; a model may be a
     Keras model or the path of a ``.keras`` file, and every model the recipe declares
     in ``supplied_models`` without a fallback must be given.
-    ``seed`` seeds Python, NumPy and TensorFlow and turns on TensorFlow's op determinism
-    (a random seed is drawn and recorded when omitted). ``steps_per_execution`` runs that
+    ``seed`` seeds Python, NumPy and TensorFlow (a random seed is drawn and recorded when
+    omitted). ``op_determinism`` sets TensorFlow's op determinism for the run
+    (deterministic kernels and input pipelines; its cross-entropy losses then run as
+    composite ops, not one fused kernel: other last bits, and slower on a small model,
+    [speed](speed.md#beside-keras-fit-and-hand-written-loops)); ``None``: as the run
+    resumed had it, else on when ``seed`` is given. ``run.json`` records it, and a resume
+    asked otherwise is refused. ``steps_per_execution`` runs that
     many steps per compiled call; ``"auto"`` (the default) times the calls and doubles K
     while that still saves a measurable share of the time, keeping each call under about
     0.25 s (the weights do not depend on K; the K chosen is in ``result`` and
@@ -195,7 +202,7 @@ def fit(
     same](checkpoints.md#when-the-bits-are-the-same); [simultaneous
     beats](schedules.md#simultaneous-beats-one-forward-several-updates)).
     """
-    _check_counts(epochs, seed)
+    _check_counts(epochs, seed, op_determinism)
     if profile is not None:
         callbacks = [*callbacks, Profiler(profile)]
         if run_dir is None:
@@ -220,7 +227,7 @@ def fit(
     recipe = make_recipe(recipe, config)
     warn_ignored_settings(recipe, config, data=data, models=models)
     build = functools.partial(
-        _build_engine, recipe, data, seed, models=models, optimizers=optimizers,
+        _build_engine, recipe, data, (seed, op_determinism), models=models, optimizers=optimizers,
         options=options, callbacks=callbacks, progress=progress, label=label,
         strategy=strategy, accept_changed_data=accept_changed_data,
     )  # fmt: skip
@@ -239,14 +246,15 @@ def fit(
 
 
 def _build_engine(
-    recipe, data, seed, run_path, *, options, callbacks, progress, read_dir=None,
+    recipe, data, asked, run_path, *, options, callbacks, progress, read_dir=None,
     accept_changed_data=False, **parts,
 ):  # fmt: skip
-    """The run's engine (seed set, data made) with its ``History``, and what ``run.json``
-    records of data named as a source (``{}`` for other data; on a resume its files
-    compared with the record, ``sources.recorded.data_facts``); ``read_dir``: the run dir it
-    resumes from when it writes another (a multi-worker run's other workers)."""
-    seed = _seed_everything(seed, read_dir or run_path)
+    """The run's engine (seed and op determinism set from ``asked``, data made) with its
+    ``History``, and what ``run.json`` records of data named as a source (``{}`` for
+    other data; on a resume its files compared with the record,
+    ``sources.recorded.data_facts``); ``read_dir``: the run dir it resumes from when it
+    writes another (a multi-worker run's other workers)."""
+    seed = _seed_everything(*asked, read_dir or run_path)
     named = data
     if callable(data):  # made once the recipe and the seed are known (--data)
         data = data(recipe, seed)
@@ -404,6 +412,7 @@ def _restored_engine(
     """An engine of the recorded run on ``split``, its latest checkpoint restored (its
     best epoch's with ``best``)."""
     checkpoint = _best_checkpoint(run_path) if best else None
+    determinism.set_for_run(stored.op_determinism)  # traced as the run was
     keras.utils.set_random_seed(stored.seed)
     engine = Engine(
         recipe,
@@ -490,11 +499,13 @@ def config_overrides(cls: type[Recipe], recorded: Mapping[str, Any]) -> dict[str
     return {key: tupled(value) for key, value in recorded.items() if defaults.get(key) != value}
 
 
-def _check_counts(epochs, seed) -> None:
+def _check_counts(epochs, seed, op_determinism=None) -> None:
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    if op_determinism is not None and not isinstance(op_determinism, bool):
+        raise ConfigError(f"op_determinism must be True, False or None, got {op_determinism!r}")
 
 
 def _engine_options(**values) -> EngineOptions:
@@ -504,17 +515,18 @@ def _engine_options(**values) -> EngineOptions:
         raise ConfigError(f"invalid engine option: {error}") from None
 
 
-def _seed_everything(seed: int | None, run_dir: Path | None) -> int:
+def _seed_everything(seed: int | None, asked: bool | None, run_dir: Path | None) -> int:
     """The run's seed, set for Python, NumPy and TensorFlow: the one given, else the one
-    recorded in the run dir's checkpoints (a resume), else a random one. A given or
-    recorded seed also turns on TensorFlow's op determinism."""
+    recorded in the run dir's checkpoints (a resume), else a random one; and its op
+    determinism, set for the process: as ``asked``, else as recorded, else on with a
+    given seed (``core/saving/op_determinism.py``)."""
     stored = latest_record(run_dir) if run_dir is not None else None
+    recorded = None if stored is None else stored.op_determinism
+    determinism.set_for_run(determinism.decided(asked, recorded, seeded=seed is not None))
     if seed is None and stored is not None:
         seed = stored.seed
     if seed is None:
         seed = secrets.randbelow(2**31)
-    else:
-        tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(seed)
     return seed
 

@@ -1,9 +1,9 @@
 """The run record: a run's identity, written as ``run.json`` and into every checkpoint.
 
-A run dir's checkpoints are resumed only by the same run: same recipe, config, seed,
-schedule, model shapes, batch spec and precision. The record holds exactly those; a
-resume compares the checkpoint's record with the new run's once, before anything is
-restored, and a refusal names only what differs.
+A run dir's checkpoints are resumed only by the same run: same recipe, config, seed, op
+determinism, schedule, model shapes, batch spec and precision. The record holds exactly
+those; a resume compares the checkpoint's record with the new run's once, before
+anything is restored, and a refusal names only what differs.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from beatloop.core.failures.errors import CheckpointError
+from beatloop.core.saving import op_determinism as determinism
 from beatloop.core.saving.run_dir import replace_file
 from beatloop.core.schedule.recipe_state import state_record
 
@@ -54,6 +55,9 @@ class RunRecord:
     #: The recipe state's variables (``Recipe.build_state``): name -> shape and dtype;
     #: written out only when there is state, so records without it read as before.
     state: dict = attrs.field(factory=dict, converter=_json)
+    #: Whether TensorFlow's op determinism was on (``core/saving/op_determinism.py``); a
+    #: record written before it was kept had it on as soon as it was resumed.
+    op_determinism: bool = True
     #: The config's defaults: a field the stored record lacks (added to the recipe since)
     #: counts as its default. Not written out, not compared.
     defaults: dict = attrs.field(factory=dict, converter=_json, eq=False)
@@ -62,7 +66,8 @@ class RunRecord:
     def of(
         cls, recipe, bound, batch_spec: Mapping, seed: int, precision: str, schedule=None
     ) -> RunRecord:
-        """The record of a run of ``recipe`` bound as ``bound`` on batches of ``batch_spec``;
+        """The record of a run of ``recipe`` bound as ``bound`` on batches of ``batch_spec``
+        (op determinism as the process has it, set for the run by then);
         ``schedule``: what the recipe's ``schedule()`` gave, when it holds more than the
         bound schedule (``Phases``: every phase's lines are the record's)."""
         return cls(
@@ -76,6 +81,7 @@ class RunRecord:
             },
             data={key: str(spec) for key, spec in batch_spec.items()},
             precision=precision,
+            op_determinism=determinism.is_on(),
             state=state_record(bound.state),
             defaults=_defaults(recipe.config),
         )
@@ -99,7 +105,7 @@ class RunRecord:
             return [f"this run dir holds a {self.recipe!r} run; you asked for {current.recipe!r}"]
         stored_config = {**current.defaults, **self.config}
         found = _mapping_differences("config", stored_config, current.config)
-        for name in ("seed", "precision"):
+        for name in ("seed", "precision", "op_determinism"):
             old, new = getattr(self, name), getattr(current, name)
             if old != new:
                 found.append(f"{name} is {old!r} in the checkpoint but {new!r} now")
