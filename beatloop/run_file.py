@@ -25,8 +25,8 @@ from beatloop.core.failures.errors import ConfigError, did_you_mean
 from beatloop.core.running.pacing import steps_per_execution
 
 #: What a recorded run.json gives a replay, by the run command's option names.
-RECORDED = ("recipe", "config", "seed", "epochs", "precision", "steps_per_execution",
-            "checkpoint_every", "keep_best")  # fmt: skip
+RECORDED = ("recipe", "config", "seed", "op_determinism", "epochs", "precision",
+            "steps_per_execution", "checkpoint_every", "keep_best")  # fmt: skip
 
 
 @attrs.frozen

@@ -56,6 +56,7 @@ def _add_what_runs(run: argparse.ArgumentParser) -> None:
         default=None,
         help="seed Python, NumPy and TensorFlow (default: a random seed, or the checkpoint's)",
     )
+    _add_op_determinism(run)
     add_set_option(run, "override a config field (repeatable); see `beatloop show RECIPE`")
     run.add_argument(
         "--run-dir",
@@ -63,6 +64,17 @@ def _add_what_runs(run: argparse.ArgumentParser) -> None:
         default=None,
         help="where logs and checkpoints go (default: runs/RECIPE-TIME); a run dir that "
         "holds checkpoints is resumed",
+    )
+
+
+def _add_op_determinism(run: argparse.ArgumentParser) -> None:
+    """``--op-determinism`` / ``--no-op-determinism``: TensorFlow's op determinism."""
+    run.add_argument(
+        "--op-determinism",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="TensorFlow's op determinism for the run: deterministic kernels and input "
+        "pipelines, slower (default: the checkpoint's on a resume, else on with --seed)",
     )
 
 
@@ -205,7 +217,8 @@ def run(args) -> int:
     run_dir = args.run_dir or Path("runs") / f"{cls.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = fit(
         cls, config=overrides, models=model_paths(args.model) or None, epochs=args.epochs,
-        seed=args.seed, steps_per_execution=args.steps_per_execution, callbacks=callbacks,
+        seed=args.seed, op_determinism=args.op_determinism,
+        steps_per_execution=args.steps_per_execution, callbacks=callbacks,
         debug=args.debug, run_dir=run_dir, progress=not args.quiet,
         checkpoint_every=args.checkpoint_every, max_to_keep=args.max_to_keep,
         on_nan=args.on_nan, check_gradients=args.check_gradients,
