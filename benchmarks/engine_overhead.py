@@ -2,9 +2,11 @@
 
 Every loop trains the same 784-64-10 classifier (Adam, sparse cross-entropy, a loss mean
 and sparse categorical accuracy) from the same initial weights on the same synthetic
-data. Each fit's first epoch (tracing) is dropped and the fastest remaining epoch is
-taken; the figure reported is the median over repeats, which are interleaved
-across loops so that machine noise spreads evenly.
+data, at the defaults users run: beatloop without a seed, and so all of them with
+TensorFlow's op determinism off (a seeded run turns it on: ``epoch_times.py`` times it).
+Each fit's first epoch (tracing) is dropped and the fastest remaining epoch is taken;
+the figure reported is the median over repeats, which are interleaved across loops so
+that machine noise spreads evenly.
 
     python benchmarks/engine_overhead.py            # full run (a few minutes)
     python benchmarks/engine_overhead.py --quick    # smoke run
@@ -31,6 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from common import EpochTimer, KerasTimer, spread
+from tensorflow.python.framework import config as tf_config
 
 import beatloop
 
@@ -115,11 +118,27 @@ class TrainMetrics:
 # --- the loops: each trains a fresh model and returns its epoch times ---------------------
 
 
+def as_users_run() -> None:
+    """TensorFlow's op determinism off, as a process has it unless something turns it
+    on: where Keras ``fit`` and a hand-written loop run (a seeded beatloop run earlier
+    in the process would have left it on)."""
+    tf_config.disable_op_determinism()
+
+
 def run_beatloop(
-    dataset, weights, epochs: int, steps_per_execution: int, check_gradients: bool = True
+    dataset,
+    weights,
+    epochs: int,
+    steps_per_execution: int,
+    check_gradients: bool = True,
+    seed: int | None = None,
 ) -> list[float]:
-    """beatloop's supervised recipe on the engine (``check_gradients=False``: its NaN
-    guard checks the losses only, as Keras's ``TerminateOnNaN`` does)."""
+    """beatloop's supervised recipe on the engine, at its defaults: no seed, so op
+    determinism off (``seed=N``: a repeatable run, op determinism on;
+    ``check_gradients=False``: its NaN guard checks the losses only, as Keras's
+    ``TerminateOnNaN`` does)."""
+    if seed is None:
+        as_users_run()  # an older checkout leaves it as an earlier seeded run set it
     timer = EpochTimer()
     beatloop.fit(
         "supervised",
@@ -128,7 +147,7 @@ def run_beatloop(
         optimizers={"optimizer": make_optimizer()},
         epochs=epochs,
         steps_per_execution=steps_per_execution,
-        seed=0,
+        seed=seed,
         progress=False,
         callbacks=[timer],
         **({} if check_gradients else {"check_gradients": False}),  # older checkouts lack it
@@ -136,8 +155,15 @@ def run_beatloop(
     return timer.times
 
 
-def run_keras_fit(dataset, weights, epochs: int, steps_per_execution: int) -> list[float]:
-    """Keras ``model.fit`` with the same loss and metric."""
+def run_keras_fit(
+    dataset, weights, epochs: int, steps_per_execution: int, op_determinism: bool = False
+) -> list[float]:
+    """Keras ``model.fit`` with the same loss and metric (``op_determinism=True``: as
+    after ``tf.config.experimental.enable_op_determinism()``, what a seeded run sets)."""
+    if op_determinism:
+        tf.config.experimental.enable_op_determinism()
+    else:
+        as_users_run()
     model = fresh_model(weights)
     model.compile(
         optimizer=make_optimizer(),
@@ -220,6 +246,7 @@ def run_handwritten(dataset, weights, epochs: int, steps: int | None) -> list[fl
     """A hand-written loop: a compiled step per batch (``steps=None``), ``steps`` steps
     per compiled call, or the whole epoch in one call (``steps=0``); each epoch's time
     includes reading the metrics, as in ``fit``."""
+    as_users_run()
     model = fresh_model(weights)
     optimizer = make_optimizer()
     optimizer.build(model.trainable_variables)  # else the step traces twice

@@ -1,15 +1,19 @@
 """Each epoch timed on its own: beatloop's supervised recipe beside the equal Keras ``fit``.
 
-The two (and beatloop with ``check_gradients=False``, "losses": its NaN guard on the
-losses only, as fit's ``TerminateOnNaN`` would check) train ``engine_overhead.py``'s
+The two, at the defaults users run (beatloop without a seed: TensorFlow's op
+determinism off, as for fit), and beatloop with ``check_gradients=False`` ("losses": its
+NaN guard on the losses only, as fit's ``TerminateOnNaN`` would check) and with a seed
+("seeded": a repeatable run, op determinism on, its cross-entropy in composite ops)
+beside fit with op determinism on too ("fit det") train ``engine_overhead.py``'s
 classifier (784-64-10, Adam, a loss mean and sparse categorical accuracy) from the same
 weights on the same data, at the same batch size and steps per execution. A callback
 notes ``perf_counter`` at each epoch's start and end in all; each fit's first epoch
-(tracing) is dropped. Fits alternate (beatloop, fit, losses, then the reverse: the order
-reverses each round) so that machine noise falls on all; every kept epoch of a side is
-pooled. Printed per side: the best and the median epoch, their ratios fit / beatloop
-(>= 1.0: beatloop at least as fast), the spread of the rounds' medians, and the
-per-call difference in milliseconds.
+(tracing) is dropped. Fits alternate (beatloop, fit, losses, seeded, fit det, then the
+reverse: the order reverses each round) so that machine noise falls on all; every kept
+epoch of a side is pooled. Printed per side: the best and the median epoch, their
+ratios fit / beatloop (>= 1.0: beatloop at least as fast; fit det / seeded for the
+seeded pair), the spread of the rounds' medians, and the per-call difference in
+milliseconds.
 
     python benchmarks/epoch_times.py                # 7 rounds of 6 epochs (a few minutes)
     python benchmarks/epoch_times.py --quick        # smoke run
@@ -44,6 +48,8 @@ SIDES = {
     "beatloop": eo.run_beatloop,
     "fit": eo.run_keras_fit,
     "losses": functools.partial(eo.run_beatloop, check_gradients=False),
+    "seeded": functools.partial(eo.run_beatloop, seed=0),
+    "fit det": functools.partial(eo.run_keras_fit, op_determinism=True),
 }
 if "check_gradients" not in inspect.signature(beatloop.fit).parameters:  # an older checkout
     del SIDES["losses"]
@@ -83,10 +89,12 @@ def summary(rounds: dict[str, list[list[float]]], calls: int) -> dict:
             "spread": spread([statistics.median(epochs) for epochs in times]),
         }
     ours, theirs, losses = sides["beatloop"], sides["fit"], sides.get("losses")
+    seeded, fit_det = sides.get("seeded"), sides.get("fit det")
     return {
         "sides": sides,
         "ratios": {key: theirs[key] / ours[key] for key in ("best", "median")},
         "ratios_losses_only": losses and {k: theirs[k] / losses[k] for k in ("best", "median")},
+        "ratios_seeded": seeded and {k: fit_det[k] / seeded[k] for k in ("best", "median")},
         "per_call_ms": {
             key: 1000 * (ours[key] - theirs[key]) / calls for key in ("best", "median")
         },
@@ -114,6 +122,12 @@ def print_report(settings, calls: int, figures: dict) -> None:
         print(
             f"{'fit / losses':<14}{losses['best']:>5.3f}x{losses['median']:>9.3f}x  "
             "(beatloop's guard on the losses only)"
+        )
+    seeded = figures.get("ratios_seeded")
+    if seeded:
+        print(
+            f"fit det / seeded {seeded['best']:.3f}x{seeded['median']:>9.3f}x  "
+            "(both with op determinism on, as a seed sets it)"
         )
     print(
         f"{'ms a call':<10}{extra['best']:>+10.3f}{extra['median']:>+10.3f}  "

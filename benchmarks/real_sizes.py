@@ -18,7 +18,8 @@ Workloads (generated data, nothing downloaded; random labels: speed, not accurac
   users x items table of bytes would be 10 GB here); Keras's side is a ``keras.Model``
   with a custom ``train_step`` doing the same update.
 
-Sides: beatloop (``supervised`` with ``models=``, or the recipe) at steps_per_execution
+Sides: beatloop (``supervised`` with ``models=``, or the recipe; seeded, for the
+recipe's own models, with op determinism off, as on the others) at steps_per_execution
 32 and at its default ``"auto"``, Keras ``fit`` at 32 and a hand-written ``tf.function``
 loop running 32 steps a call. Every side of every round is a fresh process (its own
 peak resident memory, ``VmHWM``; the data are made in each, the same), timed per epoch
@@ -43,6 +44,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import inspect
 import json
 import platform
 import statistics
@@ -291,8 +293,17 @@ def time_beatloop(workload: str, sizes: dict, epochs: int, steps) -> tuple[list,
         recipe.vocabulary = Vocabulary(users, items, counts, seen=None)
         parts = {}  # its own models and Adam, built by fit (seeded): models= would build twice
     beatloop.fit(recipe, data=(data, None), epochs=epochs, seed=0, steps_per_execution=steps,
-                 progress=False, callbacks=[timer], **parts)  # fmt: skip
+                 progress=False, callbacks=[timer], **as_the_others(), **parts)  # fmt: skip
     return timer.times, timer.cpu
+
+
+def as_the_others() -> dict:
+    """Op determinism off, as on the other sides (a seed alone turns it on; an older
+    checkout has no switch and leaves it on)."""
+    import beatloop
+
+    takes = "op_determinism" in inspect.signature(beatloop.fit).parameters
+    return {"op_determinism": False} if takes else {}
 
 
 def training_only_recipe():
