@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 
 import keras
+from tensorflow.python.framework import config as tf_config
 
 import beatloop
 
@@ -15,6 +17,22 @@ def spread(values: list[float]) -> str:
     if len(values) < 2:
         return ""
     return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+
+
+def as_users_run() -> None:
+    """TensorFlow's op determinism off, as a process has it unless something turns it
+    on: where Keras ``fit`` and a hand-written loop run (a seeded beatloop run earlier
+    in the process, or an older checkout's, would have left it on)."""
+    tf_config.disable_op_determinism()
+
+
+def as_the_others() -> dict:
+    """``beatloop.fit``'s arguments for op determinism off, as in the hand-written loops
+    beside it: a seeded run (kept for its repeatable randomness) would turn it on, and
+    with it composite cross-entropy ops and deterministic ``tf.data`` ordering. An
+    older checkout has no switch: nothing to pass (its loops then run with it on)."""
+    takes = "op_determinism" in inspect.signature(beatloop.fit).parameters
+    return {"op_determinism": False} if takes else {}
 
 
 class KerasTimer(keras.callbacks.Callback):
@@ -50,7 +68,8 @@ class EpochTimer(beatloop.Callback):
 
 
 def timed_fit(recipe, data, epochs: int, steps_per_execution: int, **parts) -> list[float]:
-    """Epoch times of one quiet, seeded ``beatloop.fit`` (``parts``: models, optimizers)."""
+    """Epoch times of one quiet, seeded ``beatloop.fit`` with op determinism off, as the
+    hand-written loops run (``parts``: models, optimizers)."""
     timer = EpochTimer()
     beatloop.fit(
         recipe,
@@ -60,6 +79,7 @@ def timed_fit(recipe, data, epochs: int, steps_per_execution: int, **parts) -> l
         steps_per_execution=steps_per_execution,
         progress=False,
         callbacks=[timer],
+        **as_the_others(),
         **parts,
     )
     return timer.times
@@ -79,8 +99,11 @@ class TrainingTimer(beatloop.TrainingTimer):
 def handwritten_epochs(step, data, metrics, epochs: int, steps_per_call: int | None) -> list:
     """Epoch times of a hand-written loop: a compiled ``step(batch)`` called per batch
     (``steps_per_call=None``) or ``steps_per_call`` steps per compiled call; metrics
-    reset each epoch and read at its end, as fit does."""
+    reset each epoch and read at its end, as fit does; op determinism off, as a user's
+    process has it."""
     import tensorflow as tf
+
+    as_users_run()
 
     if steps_per_call is None:
         compiled = tf.function(step)

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import keras
-from common import EpochTimer, cross_race, handwritten_epochs, race_arguments
+from common import EpochTimer, as_the_others, cross_race, handwritten_epochs, race_arguments
 
 import beatloop
 
@@ -50,6 +50,7 @@ def beatloop_fit(steps_per_execution, target: str):
         beatloop.fit(
             "contrastive", config=config, data=data, epochs=epochs, seed=SEED,
             steps_per_execution=steps_per_execution, progress=False, callbacks=[timer],
+            **as_the_others(),
         )  # fmt: skip
         return timer.times
 

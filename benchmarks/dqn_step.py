@@ -27,7 +27,7 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
-from common import cross_race, race_arguments
+from common import as_the_others, as_users_run, cross_race, race_arguments
 
 import beatloop
 from beatloop import TrainingTimer
@@ -47,7 +47,7 @@ def beatloop_fit(steps_per_execution: int | str):
         timer = TrainingTimer()
         beatloop.fit(
             "dqn", epochs=epochs, seed=SEED, steps_per_execution=steps_per_execution,
-            progress=False, callbacks=[timer],
+            progress=False, callbacks=[timer], **as_the_others(),
         )  # fmt: skip
         return timer.epoch_seconds
 
@@ -59,6 +59,7 @@ def hand_written(steps_per_call: int | None):
     ``steps_per_call`` steps a call."""
 
     def run(epochs: int) -> list[float]:
+        as_users_run()  # op determinism off, as beatloop's fit beside it
         keras.utils.set_random_seed(SEED)
         q, target = RECIPE.q_network("q"), RECIPE.q_network("target")
         target.set_weights(q.get_weights())

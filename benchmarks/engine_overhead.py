@@ -32,8 +32,7 @@ import attrs
 import keras
 import numpy as np
 import tensorflow as tf
-from common import EpochTimer, KerasTimer, spread
-from tensorflow.python.framework import config as tf_config
+from common import EpochTimer, KerasTimer, as_users_run, spread
 
 import beatloop
 
@@ -116,13 +115,6 @@ class TrainMetrics:
 
 
 # --- the loops: each trains a fresh model and returns its epoch times ---------------------
-
-
-def as_users_run() -> None:
-    """TensorFlow's op determinism off, as a process has it unless something turns it
-    on: where Keras ``fit`` and a hand-written loop run (a seeded beatloop run earlier
-    in the process would have left it on)."""
-    tf_config.disable_op_determinism()
 
 
 def run_beatloop(

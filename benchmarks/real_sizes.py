@@ -44,7 +44,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
-import inspect
 import json
 import platform
 import statistics
@@ -260,7 +259,7 @@ def two_tower_losses(models: dict, log_q, batch):
 
 
 def time_beatloop(workload: str, sizes: dict, epochs: int, steps) -> tuple[list, list]:
-    from common import EpochTimer
+    from common import EpochTimer, as_the_others
 
     import beatloop
 
@@ -295,15 +294,6 @@ def time_beatloop(workload: str, sizes: dict, epochs: int, steps) -> tuple[list,
     beatloop.fit(recipe, data=(data, None), epochs=epochs, seed=0, steps_per_execution=steps,
                  progress=False, callbacks=[timer], **as_the_others(), **parts)  # fmt: skip
     return timer.times, timer.cpu
-
-
-def as_the_others() -> dict:
-    """Op determinism off, as on the other sides (a seed alone turns it on; an older
-    checkout has no switch and leaves it on)."""
-    import beatloop
-
-    takes = "op_determinism" in inspect.signature(beatloop.fit).parameters
-    return {"op_determinism": False} if takes else {}
 
 
 def training_only_recipe():
