@@ -41,7 +41,7 @@ import attrs
 import engine_overhead as eo
 import keras
 import tensorflow as tf
-from common import EpochTimer, spread
+from common import EpochTimer, as_the_others, as_users_run, spread
 
 import beatloop
 
@@ -75,6 +75,7 @@ def run_beatloop(dataset, weights, epochs: int, spe: int, accumulate: int) -> Ti
         seed=0,
         progress=False,
         callbacks=[timer],
+        **as_the_others(),  # op determinism off, as in the hand-written loop
     )
     # the plain step logs no update count: it updates on every batch
     updates = result.history.get("loss_updates", [_batches(dataset)])[-1]
@@ -172,6 +173,7 @@ def run_handwritten(dataset, weights, epochs: int, spe: int, accumulate: int) ->
     """The hand-written loop: one compiled call per batch (``spe=1``) or ``spe`` steps
     per compiled call (engine_overhead's ``multi_step_epoch``); each epoch's time
     includes the flush and reading the metrics, as in ``fit``."""
+    as_users_run()
     hand = HandWritten(weights, accumulate)
     if spe == 1:
         run_epoch = one_step_epoch(hand.step, dataset)

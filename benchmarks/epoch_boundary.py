@@ -28,7 +28,7 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
-from common import EpochTimer, KerasTimer, spread
+from common import EpochTimer, KerasTimer, as_the_others, spread
 
 import beatloop
 from beatloop import DataSplit
@@ -77,7 +77,7 @@ def beatloop_epochs(recipe, split: DataSplit, repeat: bool, epochs: int) -> list
     timer = EpochTimer()
     beatloop.fit(
         recipe, data=split, epochs=epochs, seed=0, steps_per_epoch=steps, progress=False,
-        callbacks=[timer],
+        callbacks=[timer], **as_the_others(),
     )  # fmt: skip
     return timer.times
 

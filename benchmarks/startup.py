@@ -64,10 +64,12 @@ def child(loop: str, recipe_name: str, epochs: int) -> dict:
                 if not first:
                     first.append(time.perf_counter())
 
+        from common import as_the_others  # op determinism off, as in Keras's process
+
         began = time.perf_counter()
         beatloop.fit(
             recipe, data=data, epochs=epochs, seed=0, progress=False,
-            models=models, optimizers=optimizers, callbacks=[FirstStep()],
+            models=models, optimizers=optimizers, callbacks=[FirstStep()], **as_the_others(),
         )  # fmt: skip
     else:
 
