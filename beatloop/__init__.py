@@ -41,8 +41,8 @@ _EXPORTS = {
     # running
     "fit": "beatloop.fitting",
     "make_recipe": "beatloop.fitting",
-    "restore": "beatloop.fitting",
-    "evaluate": "beatloop.fitting",
+    "restore": "beatloop.restoring",
+    "evaluate": "beatloop.restoring",
     "tune": "beatloop.tuning",
     "TuneResult": "beatloop.tuning",
     "FitResult": "beatloop.core.running.result",
@@ -124,6 +124,7 @@ _EXPORTS = {
     "ResumeWarning": "beatloop.core.failures.errors",
     "ReproducibilityWarning": "beatloop.core.failures.errors",
     "RunawayLossWarning": "beatloop.core.failures.errors",
+    "NotRecordedWarning": "beatloop.core.saving.passed",
     "IgnoredSettingWarning": "beatloop.core.failures.errors",
     "InferredSettingWarning": "beatloop.core.data.source",
     "DataChangedWarning": "beatloop.named_data.identity",
@@ -230,6 +231,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.running.options import EngineOptions
     from beatloop.core.running.recipe import Recipe
     from beatloop.core.running.result import FitResult
+    from beatloop.core.saving.passed import NotRecordedWarning
     from beatloop.core.schedule.beats import (
         Beat,
         ClipByGlobalNorm,
@@ -244,7 +246,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     from beatloop.core.schedule.supplied import SuppliedModel
     from beatloop.core.schedule.transforms import PCGrad
     from beatloop.core.schedule.updates import EMA, Act, Copy, Update
-    from beatloop.fitting import evaluate, fit, make_recipe, restore
+    from beatloop.fitting import fit, make_recipe
     from beatloop.named_data.identity import DataChangedWarning
     from beatloop.named_data.load import NamedData, load_data
     from beatloop.plugins.hookspecs import hookimpl
@@ -255,4 +257,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
         register_data_source,
         register_environment,
     )
+    from beatloop.restoring import evaluate, restore
     from beatloop.tuning import TuneResult, tune

@@ -1,11 +1,10 @@
-"""``beatloop.fit``: pick a recipe by name, configure it, and run it on the engine;
-``beatloop.restore``: the run in a run dir, as its latest checkpoint left it;
-``beatloop.evaluate``: that run's validation figures on a data set."""
+"""``beatloop.fit``: pick a recipe by name, configure it, and run it on the engine
+(``beatloop.restore`` and ``beatloop.evaluate``, a run rebuilt from its run dir:
+``restoring.py``)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import secrets
 import sys
 import warnings
@@ -26,29 +25,25 @@ from beatloop.callbacks.standard import (
 )
 from beatloop.core.compiled.phased import updates_by_beat
 from beatloop.core.data.batches import (
-    DataSplit,
     as_data_split,
-    as_evaluation_data,
-    check_evaluation_data,
 )
-from beatloop.core.data.data_origin import LOOP_DATA_ADVICE, is_loop_data
 from beatloop.core.devices.workers import worker_of, write_dir
 from beatloop.core.events.callbacks import Callback, Order
-from beatloop.core.failures.errors import CheckpointError, ConfigError, DataError, RunInterrupted
+from beatloop.core.failures.errors import ConfigError, RunInterrupted
 from beatloop.core.running.engine import Engine
 from beatloop.core.running.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.running.pacing import AUTO
-from beatloop.core.running.recipe import Recipe, defines
+from beatloop.core.running.recipe import Recipe
 from beatloop.core.running.result import FitResult
 from beatloop.core.saving import op_determinism as determinism
 from beatloop.core.saving.checkpoints import latest_record
 from beatloop.core.saving.checkpoints import remove_leftovers as remove_checkpoint_leftovers
+from beatloop.core.saving.passed import record_passed
 from beatloop.core.saving.record import read_run_json, update_run_json, write_run_json
 from beatloop.core.saving.run_dir import (
     RunDirBefore,
     check_run_dir,
     create_run_dir,
-    existing_run_dir,
     never_started,
     remove_leftovers,
 )
@@ -57,10 +52,6 @@ from beatloop.core.schedule.config import make_config
 from beatloop.ignored_settings import warn_ignored_settings
 from beatloop.named_data.recorded import (
     data_facts,
-    recorded_source,
-    recorded_validation,
-    spec_differences,
-    warn_if_changed,
 )
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
 
@@ -210,7 +201,7 @@ def fit(
                 "profile needs a run_dir: its trace goes to RUN_DIR/tensorboard (or pass "
                 "beatloop.Profiler(steps, log_dir=...) as a callback)"
             )
-    options = _engine_options(
+    options = engine_options(
         steps_per_execution=steps_per_execution, debug=debug, steps_per_epoch=steps_per_epoch,
         checkpoint_every=checkpoint_every, max_to_keep=max_to_keep, on_nan=on_nan,
         check_gradients=check_gradients, max_rollbacks=max_rollbacks, jit_compile=jit_compile,
@@ -232,9 +223,9 @@ def fit(
         strategy=strategy, accept_changed_data=accept_changed_data,
     )  # fmt: skip
     if run_path is None:
-        engine, history, _ = build(None)
+        engine, history, _, _ = build(None)
         engine.fit(epochs)
-        return _result(engine, history)
+        return result_of(engine, history)
     if not worker.is_chief:  # writes a dir of its own, reads the chief's checkpoints
         with write_dir(run_path, worker) as scratch:
             build = functools.partial(build, read_dir=run_path)
@@ -250,9 +241,10 @@ def _build_engine(
     accept_changed_data=False, **parts,
 ):  # fmt: skip
     """The run's engine (seed and op determinism set from ``asked``, data made) with its
-    ``History``, and what ``run.json`` records of data named as a source (``{}`` for
+    ``History``, what ``run.json`` records of data named as a source (``{}`` for
     other data; on a resume its files compared with the record,
-    ``sources.recorded.data_facts``); ``read_dir``: the run dir it resumes from when it
+    ``sources.recorded.data_facts``) and the models and optimizers passed (the run's
+    objects, for ``record_passed``); ``read_dir``: the run dir it resumes from when it
     writes another (a multi-worker run's other workers)."""
     seed = _seed_everything(*asked, read_dir or run_path)
     named = data
@@ -269,7 +261,11 @@ def _build_engine(
         callbacks=[history, *_run_callbacks(callbacks, run_path, progress, steps)],
         read_dir=read_dir, **parts,
     )  # fmt: skip
-    return engine, history, facts
+    passed = (
+        {name: engine.parts.bound.models[name] for name in parts.get("models") or {}},
+        dict(parts.get("optimizers") or {}),
+    )
+    return engine, history, facts, passed
 
 
 def _as_in_run_dir(result: FitResult, scratch: Path, run_path: Path) -> FitResult:
@@ -290,7 +286,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
     dir back as it was."""
     engine = start = None
     try:
-        engine, history, facts = build(run_path)
+        engine, history, facts, passed = build(run_path)
         engine.resume()
         if not engine.recovery.trains_more(epochs):
             tidied = engine.recovery.tidy()
@@ -305,10 +301,12 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
                 "--epochs trains it further)"
             )
             _fit_events_only(engine, history, epochs, message)
-            return _result(engine, history)
+            return result_of(engine, history)
         create_run_dir(run_path)  # the run starts: only now is anything written
         remove_leftovers(run_path)
         remove_checkpoint_leftovers(run_path / "checkpoints")
+        earlier = read_run_json(run_path / "run.json") if engine.run.resumed_from else {}
+        facts = {**facts, **record_passed(run_path, *passed, earlier)}  # a rebuild's parts
         _write_run_json(run_path, engine, epochs, facts)
         start = engine.run.step
         engine.fit(epochs)
@@ -320,7 +318,7 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
             if unstarted is not error:
                 raise unstarted from error.__cause__
         raise
-    return _result(engine, history)
+    return result_of(engine, history)
 
 
 def _fit_events_only(engine: Engine, history: History, epochs: int, message: str) -> None:
@@ -347,158 +345,6 @@ def _fit_events_only(engine: Engine, history: History, epochs: int, message: str
     engine.callbacks.fire("fit_end", engine.run, logs)
 
 
-def restore(run_dir: str | Path, data=None, *, best: bool = False) -> FitResult:
-    """The run in ``run_dir`` as it stands at its latest checkpoint (``best=True``: at
-    the best epoch's checkpoint, kept with ``keep_best``), without training:
-    its models, optimizers and history, ready to ``export``, ``evaluate`` or inspect. The
-    recipe is rebuilt by name (it must be registered) with its recorded config and seed,
-    on ``data`` (as ``fit`` takes it, a function ``data(recipe, seed)`` included: what
-    ``beatloop export`` passes for a run trained with ``--data``) or on its built-in data;
-    a run trained on other data or models is refused with the reason."""
-    run_path = Path(run_dir)
-    stored = _stored_record(run_path, "restore")
-    recipe = _recorded_recipe(stored)
-    if callable(data):
-        data = data(recipe, stored.seed)
-    split = _built_in_split(run_path, recipe, stored) if data is None else as_data_split(data)
-    history = History()
-    engine = _restored_engine(run_path, stored, recipe, split, [history], best=best)
-    result = _result(engine, history)
-    return attrs.evolve(result, checkpoint=engine.run.resumed_from) if best else result
-
-
-def evaluate(
-    run_dir: str | Path, data=None, *, steps_per_execution: int | str = "auto", best: bool = False
-) -> dict[str, float]:
-    """The validation figures of the run in ``run_dir`` at its latest checkpoint
-    (``best=True``: at the best epoch's, kept with ``keep_best``): every
-    beat's loss and every metric, models in inference mode, over ``data`` (a batched
-    ``tf.data.Dataset`` of ``(x, y)`` tuples or dicts, like the validation data ``fit``
-    takes; ``None``: the run's own validation data, that of the data source its
-    ``run.json`` records when it was trained with ``--data`` (read again with the run's
-    seed: its ``validation_fraction`` held out, or its ``--validation-data``), else the
-    recipe's built-in validation data), by name without the ``val_`` prefix: on its own
-    validation data, the figures are its last ``val_`` figures. The run is rebuilt as
-    ``restore`` rebuilds it; with ``data``
-    it is rebuilt on that data when its batches are the ones the run trained on (so a
-    run on other data, or of a recipe with no built-in data, evaluates on data like its
-    training data). Nothing is trained and nothing is written."""
-    run_path = Path(run_dir)
-    stored = _stored_record(run_path, "evaluate")
-    recipe = _recorded_recipe(stored)
-    options = _engine_options(steps_per_execution=steps_per_execution)
-    split = _evaluation_split(run_path, recipe, stored, data)
-    engine = _restored_engine(run_path, stored, recipe, split, [], options, best=best)
-    return engine.evaluate(data)
-
-
-def _stored_record(run_path: Path, verb: str):
-    """The run's latest readable record: a ``RunDirError`` when ``run_path`` is no
-    folder, a ``CheckpointError`` when it holds no checkpoint."""
-    stored = latest_record(existing_run_dir(run_path, verb, written_by="fit's run_dir="))
-    if stored is None:
-        raise CheckpointError(f"{run_path} holds no readable checkpoint to {verb}")
-    return stored
-
-
-def _recorded_recipe(stored) -> Recipe:
-    cls = get_recipe(stored.recipe)
-    return make_recipe(cls, config_overrides(cls, stored.config))
-
-
-def _restored_engine(
-    run_path: Path, stored, recipe: Recipe, split, callbacks, options=None, best=False
-) -> Engine:
-    """An engine of the recorded run on ``split``, its latest checkpoint restored (its
-    best epoch's with ``best``)."""
-    checkpoint = _best_checkpoint(run_path) if best else None
-    determinism.set_for_run(stored.op_determinism)  # traced as the run was
-    keras.utils.set_random_seed(stored.seed)
-    engine = Engine(
-        recipe,
-        split,
-        callbacks=callbacks,
-        options=options,
-        run_dir=run_path,
-        seed=stored.seed,
-        label=registry().describe_origin(stored.recipe),
-        trains=False,  # its training loop traced only if it is ever called
-    )
-    engine.resume(checkpoint)
-    return engine
-
-
-def _best_checkpoint(run_path: Path) -> str:
-    """The name of the best epoch's checkpoint ``run.json`` records (``keep_best``)."""
-    best = read_run_json(run_path / "run.json").get("best")
-    if not isinstance(best, dict) or not best.get("checkpoint"):
-        raise CheckpointError(
-            f"the run in {run_path} keeps no best epoch (its run.json names none): it was "
-            "trained without keep_best (--keep-best), or has not finished an epoch with it; "
-            "leave out best (--best) for its latest checkpoint"
-        )
-    return best["checkpoint"]
-
-
-def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit:
-    """The data a run is rebuilt on to evaluate: without ``data``, the data source its
-    ``run.json`` records (``--data``: its validation data is evaluated on), else the
-    recipe's built-in data; with it, ``data`` itself as the training batches when they
-    are those the run recorded (or the recipe has no built-in data), else the built-in
-    training data."""
-    built_in = defines(recipe, "default_data")
-    source = recorded_source(run_path) if data is None else None
-    if source is not None:  # trained on --data: evaluated on its validation data
-        split = recorded_validation(run_path, source, recipe, stored)
-        warn_if_changed(run_path, source, recipe)
-        return split
-    if data is None:
-        if not built_in:
-            raise DataError(
-                f"recipe {recipe.name!r} has no built-in data to evaluate on: pass data= "
-                "(a batched tf.data.Dataset like the run's training data)"
-            )
-        split = _built_in_split(run_path, recipe, stored)
-        if split.validation is None:
-            advice = LOOP_DATA_ADVICE if is_loop_data(split.train) else "pass data="
-            raise DataError(
-                f"recipe {recipe.name!r}'s built-in data has no validation split: {advice}"
-            )
-        return split
-    evaluation = as_evaluation_data(data)
-    # Checked as evaluation data before it may stand in for the training batches.
-    label = registry().describe_origin(stored.recipe)
-    check_evaluation_data(evaluation, {}, recipe.batch_keys, recipe.check_batch_spec, label)
-    recorded = {key: str(spec) for key, spec in evaluation.element_spec.items()}
-    if recorded == stored.data or not built_in:
-        return DataSplit(evaluation)
-    return DataSplit(as_data_split(recipe.default_data(stored.seed)).train)
-
-
-def _built_in_split(run_path: Path, recipe: Recipe, stored) -> DataSplit:
-    """The recipe's built-in data, refused when its batches are not those the run
-    recorded (it trained on other data: rebuilt on these, its checkpoint would not fit)."""
-    split = as_data_split(recipe.default_data(stored.seed))
-    built = {key: str(spec) for key, spec in split.train.element_spec.items()}
-    if built != stored.data:
-        raise DataError(
-            f"the run in {run_path} trained on other batches than recipe "
-            f"{recipe.name!r}'s built-in data ({spec_differences(stored.data, built)}): "
-            "pass data= with batches like its training batches"
-        )
-    return split
-
-
-def config_overrides(cls: type[Recipe], recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """Config overrides that rebuild a recorded (JSON) config: the fields whose recorded
-    value differs from the default, with JSON lists turned back into tuples."""
-    defaults = json.loads(json.dumps(attrs.asdict(cls.Config()), default=str))
-    tupled = lambda value: (  # noqa: E731
-        tuple(tupled(v) for v in value) if isinstance(value, list) else value
-    )
-    return {key: tupled(value) for key, value in recorded.items() if defaults.get(key) != value}
-
-
 def _check_counts(epochs, seed, op_determinism=None) -> None:
     if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
         raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
@@ -508,7 +354,7 @@ def _check_counts(epochs, seed, op_determinism=None) -> None:
         raise ConfigError(f"op_determinism must be True, False or None, got {op_determinism!r}")
 
 
-def _engine_options(**values) -> EngineOptions:
+def engine_options(**values) -> EngineOptions:
     try:
         return EngineOptions(**values)
     except (TypeError, ValueError) as error:
@@ -605,7 +451,7 @@ def _best_facts(engine: Engine) -> dict:
     return facts if keeper.best is None else {**facts, "best": dict(keeper.best)}
 
 
-def _result(engine: Engine, history: History) -> FitResult:
+def result_of(engine: Engine, history: History) -> FitResult:
     return FitResult(
         recipe=engine.recipe,
         config=engine.recipe.config,

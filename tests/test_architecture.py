@@ -178,6 +178,7 @@ LAYERS = (
             "beatloop",
             "beatloop.__main__",
             "beatloop.fitting",
+            "beatloop.restoring",
             "beatloop.ignored_settings",
             "beatloop.named_data.*",
             "beatloop.compare",

@@ -42,7 +42,7 @@ def run(args) -> int:
     source's every example or the run's validation data."""
     from beatloop.callbacks.standard import format_figure
     from beatloop.cli.recorded import existing_run_dir
-    from beatloop.fitting import evaluate
+    from beatloop.restoring import evaluate
 
     existing_run_dir(args.run_dir, "evaluate")
     figures = evaluate(args.run_dir, _evaluation_data(args), best=args.best)

@@ -37,7 +37,7 @@ def add_command(commands) -> None:
 def run(args) -> int:
     from beatloop.cli.recorded import existing_run_dir
     from beatloop.core.saving.run_dir import check_export_dir
-    from beatloop.fitting import restore
+    from beatloop.restoring import restore
 
     check_export_dir(args.out)  # before the run is rebuilt, and before anything is written
     existing_run_dir(args.run_dir, "export")

@@ -143,6 +143,7 @@ def _not_shown(recipe) -> tuple[list[str], dict]:
     train = recipe.default_data(0).train
     recipe.read_training_data(train)
     models = recipe.build_models(train.element_spec)
+    models.update(recipe.derived_models(models))
     absent = [name for name in recipe.supplied_models if name not in models]
     if absent:
         them = "them" if len(absent) > 1 else "it"

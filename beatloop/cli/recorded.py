@@ -24,8 +24,9 @@ def recorded_recipe(run_dir: Path, verb: str):
     was; a ``CheckpointError`` when there is none to ``verb``."""
     from beatloop.core.failures.errors import CheckpointError
     from beatloop.core.saving.checkpoints import latest_record
-    from beatloop.fitting import config_overrides, make_recipe
+    from beatloop.fitting import make_recipe
     from beatloop.plugins.registry import get_recipe
+    from beatloop.restoring import config_overrides
 
     record = latest_record(run_dir)
     if record is None:

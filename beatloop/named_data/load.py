@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.paths import PATH_SEPARATOR, nest_paths
 from beatloop.core.data.source import DataSource, SourceConfig
 from beatloop.core.failures.errors import ConfigError, DataError
 from beatloop.core.schedule.config import make_config, parse_settings
@@ -99,7 +100,7 @@ def load_data(
         make_source(source, settings, recipe), settings, recipe, validation
     )
     size = batch_size_for(train_source, recipe)
-    split = train_source.load(seed, size)
+    split = nested_by_path(train_source.load(seed, size), train_source)
     _check_keys(split, train_source, recipe, "training")
     if validation is None:
         return split
@@ -153,9 +154,32 @@ def load_whole(
     fields = {field.name for field in attrs.fields(type(held.config))}
     whole = {k: v for k, v in (("validation_fraction", 0.0), ("shuffle", False)) if k in fields}
     held = type(held)(held.path, attrs.evolve(held.config, **whole))
-    split = held.load(seed, batch_size_for(held, recipe))
+    split = nested_by_path(held.load(seed, batch_size_for(held, recipe)), held)
     _check_keys(split, held, recipe, role)
     return split.train
+
+
+def nested_by_path(split: DataSplit, source: DataSource) -> DataSplit:
+    """``split`` with its batch keys written as paths (``x/token_ids``: a ``keys`` item
+    ``token_ids:x/token_ids``, an array of that name) nested: ``x`` a dict of them, a
+    model's named inputs. A split without such keys is returned as it is."""
+    spec = split.train.element_spec
+    if not isinstance(spec, Mapping) or not any(PATH_SEPARATOR in key for key in spec):
+        return split
+    try:
+        layout = nest_paths({key: key for key in spec})
+    except ValueError as error:
+        raise DataError(f"data source {source.label!r}: {error}") from None
+    nest = lambda batch: _nested(batch, layout)  # noqa: E731
+    validation = split.validation
+    return DataSplit(split.train.map(nest), None if validation is None else validation.map(nest))
+
+
+def _nested(batch: Mapping, layout: Mapping) -> dict:
+    return {
+        name: _nested(batch, inner) if isinstance(inner, Mapping) else batch[inner]
+        for name, inner in layout.items()
+    }
 
 
 def _check_keys(split: DataSplit, source: DataSource, recipe: Any, role: str) -> None:

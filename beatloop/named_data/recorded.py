@@ -52,6 +52,7 @@ def recorded_validation(run_dir: Path, source, recipe, stored: Any):
     ``--validation-data``) is what the run validated on each epoch. A ``DataError`` when
     it gives no validation data or other batches than the run trained on."""
     from beatloop.core.data.batches import as_data_split
+    from beatloop.core.data.paths import spec_record
     from beatloop.core.failures.errors import DataError
 
     split = as_data_split(read_recorded_source(run_dir, source, recipe, stored.seed))
@@ -62,7 +63,7 @@ def recorded_validation(run_dir: Path, source, recipe, stored: Any):
             "validation_fraction and no --validation-data): pass data= (a batched "
             "tf.data.Dataset like its training data)"
         )
-    built = {key: str(spec) for key, spec in split.train.element_spec.items()}
+    built = spec_record(split.train.element_spec)
     if built != stored.data:
         differences = spec_differences(stored.data, built, "now")
         raise DataError(

@@ -164,6 +164,7 @@ class Contrastive(Recipe):
     quality_figure = ("val_probe_accuracy", "max")
     Config = ContrastiveConfig
     batch_keys = {"x": 2, "y": 1}
+    nested_keys = frozenset()  # it computes on its batches, not only hands them to models
 
     @property
     def views(self) -> Views:

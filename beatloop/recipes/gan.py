@@ -109,6 +109,7 @@ class Gan(Recipe):
     quality_figure = ("sample_score", "max")
     Config = GanConfig
     batch_keys = {"x": 2}
+    nested_keys = frozenset()  # it computes on its batches, not only hands them to models
     # The generator's tanh makes samples in [-1, 1]: real images from --data must match.
     source_defaults = {"value_range": "signed"}
 

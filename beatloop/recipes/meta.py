@@ -77,6 +77,7 @@ class Meta(Recipe):
     quality_figure = ("val_query_loss_after", "min")
     Config = MetaConfig
     batch_keys = dict.fromkeys(KEYS, 3)
+    nested_keys = frozenset()  # it computes on its batches, not only hands them to models
 
     def default_data(self, seed: int) -> DataSplit:
         c = self.config

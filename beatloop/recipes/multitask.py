@@ -40,6 +40,7 @@ from beatloop import (
     setting,
 )
 from beatloop import datasets as data
+from beatloop.layers import inputs_like, joined_features
 from beatloop.recipes import loss_weights
 from beatloop.recipes.loss_weights import LogVariances, dwa_weights
 
@@ -179,17 +180,7 @@ class Multitask(Recipe):
 
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
         hidden = self.config.hidden
-        models: dict[str, keras.Layer] = {
-            "backbone": keras.Sequential(
-                [
-                    keras.Input(tuple(batch_spec["x"].shape[1:])),
-                    keras.layers.Flatten(),
-                    keras.layers.Dense(hidden, activation="relu"),
-                    keras.layers.Dense(hidden, activation="relu"),
-                ],
-                name="backbone",
-            )
-        }
+        models: dict[str, keras.Layer] = {"backbone": self._backbone(batch_spec["x"])}
         for task in self.tasks:
             models[f"head_{task.name}"] = keras.Sequential(
                 [keras.Input((hidden,)), keras.layers.Dense(task.classes)], name=f"head_{task.name}"
@@ -197,6 +188,26 @@ class Multitask(Recipe):
         names = [t.name for t in self.tasks]
         models.update(loss_weights.weight_models(self.config.weighting, names, self.config.weights))
         return models
+
+    def _backbone(self, x) -> keras.Model:
+        """The shared backbone: two relu layers of ``hidden`` on the features (a dict or
+        tuple of them, named inputs, joined into one row)."""
+        hidden = self.config.hidden
+        if isinstance(x, Mapping | tuple | list):
+            inputs = inputs_like(x)
+            features = joined_features(inputs)
+            for _ in range(2):
+                features = keras.layers.Dense(hidden, activation="relu")(features)
+            return keras.Model(inputs, features, name="backbone")
+        return keras.Sequential(
+            [
+                keras.Input(tuple(x.shape[1:])),
+                keras.layers.Flatten(),
+                keras.layers.Dense(hidden, activation="relu"),
+                keras.layers.Dense(hidden, activation="relu"),
+            ],
+            name="backbone",
+        )
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
         return {"optimizer": keras.optimizers.Adam(self.config.learning_rate)}
@@ -306,10 +317,19 @@ class Multitask(Recipe):
     def inference_models(self, models):
         """One model: the backbone feeding every head, outputs by task name."""
         backbone = models["backbone"]
-        inputs = keras.Input(tuple(backbone.input_shape[1:]))
+        inputs = inputs_like(_input_spec(backbone))
         features = backbone(inputs)
         outputs = {t.name: models[f"head_{t.name}"](features) for t in self.tasks}
         return {"multitask": keras.Model(inputs, outputs, name="multitask")}
+
+
+def _input_spec(model: keras.Model):
+    """The structure of ``model``'s declared inputs as tensor specs (one, or a dict or
+    list of them), for a new model calling it on inputs of the same shapes."""
+    spec = lambda t: tf.TensorSpec(t.shape, t.dtype)  # noqa: E731
+    if isinstance(model, keras.Sequential):  # one input, which ``input`` may not say yet
+        return spec(model.inputs[0])
+    return tf.nest.map_structure(spec, model.input)
 
 
 def _weighted_output(task: Task):

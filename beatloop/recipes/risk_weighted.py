@@ -26,6 +26,7 @@ from beatloop import (
     setting,
 )
 from beatloop import datasets as data
+from beatloop.layers import inputs_like, joined_features
 from beatloop.metrics import KSStatistic
 
 _positive = attrs.validators.gt(0)
@@ -98,6 +99,12 @@ class RiskWeighted(Recipe):
 
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
         outputs = 1 if self.binary else self.config.classes
+        x = batch_spec["x"]
+        if isinstance(x, Mapping | tuple | list):  # named inputs: one dense row of them all
+            inputs = inputs_like(x)
+            hidden = keras.layers.Dense(self.config.hidden, activation="relu")
+            logits = keras.layers.Dense(outputs)(hidden(joined_features(inputs)))
+            return {"model": keras.Model(inputs, logits, name="classifier")}
         model = keras.Sequential(
             [
                 keras.Input(tuple(batch_spec["x"].shape[1:])),

@@ -139,6 +139,7 @@ class StyleTransfer(Recipe):
     quality_figure = ("style_loss", "min")
     Config = StyleTransferConfig
     batch_keys = {"content": 4, "style": 4}
+    nested_keys = frozenset()  # it computes on its batches, not only hands them to models
     supplied_models = {
         "features": SuppliedModel(
             "an image network (RGB in [0, 1], or VGG-preprocessed with preprocess=vgg) "

@@ -24,6 +24,7 @@ from beatloop import (
     setting,
 )
 from beatloop import datasets as data
+from beatloop.layers import copy_of, inputs_like, joined_features
 
 OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
@@ -98,7 +99,12 @@ class Supervised(Recipe):
         return {"y": "classes"}
 
     def build_models(self, batch_spec: Mapping[str, tf.TensorSpec]) -> dict[str, keras.Layer]:
-        features = tuple(batch_spec["x"].shape[1:])
+        x = batch_spec["x"]
+        if isinstance(x, Mapping | tuple | list):  # named inputs: one dense row of them all
+            inputs = inputs_like(x)
+            hidden = self._hidden_layers(joined_features(inputs))
+            return {"model": keras.Model(inputs, hidden, name="classifier")}
+        features = tuple(x.shape[1:])
         layers = [keras.Input(shape=features)]
         if len(features) > 1:
             layers.append(keras.layers.Flatten())
@@ -106,10 +112,21 @@ class Supervised(Recipe):
         if self.config.dropout:
             layers.append(keras.layers.Dropout(self.config.dropout))
         layers.append(keras.layers.Dense(self.config.classes))
-        model = keras.Sequential(layers, name="classifier")
+        return {"model": keras.Sequential(layers, name="classifier")}
+
+    def _hidden_layers(self, features):
+        """The hidden layer, dropout and logits on a row of features (functional)."""
+        hidden = keras.layers.Dense(self.config.hidden, activation="relu")(features)
+        if self.config.dropout:
+            hidden = keras.layers.Dropout(self.config.dropout)(hidden)
+        return keras.layers.Dense(self.config.classes)(hidden)
+
+    def derived_models(self, models: Mapping[str, keras.Layer]) -> dict[str, keras.Layer]:
+        """With ``ema_decay``, the average: a copy of the model the run trains (the
+        user's, when one is passed), its values set as the run starts (``StartAverage``)."""
         if not self.config.ema_decay:
-            return {"model": model}
-        return {"model": model, "ema": keras.models.clone_model(model)}  # StartAverage sets it
+            return {}
+        return {"ema": copy_of(models["model"], "ema_decay's average")}
 
     def build_optimizers(self) -> dict[str, keras.optimizers.Optimizer]:
         optimizer = OPTIMIZERS[self.config.optimizer](learning_rate=self.config.learning_rate)
@@ -123,7 +140,10 @@ class Supervised(Recipe):
         beat = Beat(loss="loss", optimizer="optimizer", updates="model", accumulate=accumulate)
         if not decay:
             return Schedule(beat)
-        return Schedule([beat, EMA("model", "ema", decay, evaluated=True)])
+        # Accumulating, the model changes at every N-th batch only: the average follows
+        # the beat's updates (a tick per optimizer update), not the batches between them.
+        tied = "loss" if accumulate > 1 else None
+        return Schedule([beat, EMA("model", "ema", decay, evaluated=True, only_if=tied)])
 
     def cross_entropy(self, models: ModelCalls, batch) -> dict[str, tf.Tensor]:
         logits = models["model"](batch["x"])

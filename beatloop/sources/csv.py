@@ -39,7 +39,8 @@ def _delimiter(instance, attribute, value) -> None:
 class CsvConfig(StreamConfig):
     """``label``: the column that becomes ``y`` (none by default); ``keys``: columns that
     become batch keys of their own name (e.g. ``risk``), or ``COLUMN:KEY`` items naming
-    the key (``userId:user``); ``features``: the columns
+    the key (``userId:user``; a path ``x/NAME`` makes ``x`` a dict of named columns, a
+    model's named inputs); ``features``: the columns
     gathered into ``x`` (by default every other column); ``delimiter``: the separator;
     ``shuffle_buffer``: how many rows the training shuffle draws from (the file is
     streamed: memory is bounded by it; a buffer at least as large as the file shuffles it
@@ -73,7 +74,7 @@ class CsvLayout:
 class CsvSource(DataSource):
     """A CSV file with a header row of column names, streamed: batches {x} (float32, (n,
     features)), plus y (the label column) and any columns named in keys (no x when keys
-    name every column and there is no label)."""
+    name every column and there is no label; x a dict when keys name x/NAME paths)."""
 
     name = "csv"
     Config = CsvConfig
@@ -138,6 +139,15 @@ class CsvSource(DataSource):
                 f"data source {self.label!r}: the CSV has no column(s) {absent}; its columns: "
                 f"{list(header)}"
             )
+        into_x = [key for _, key in self._key_columns() if key.startswith("x/")]
+        if into_x and config.features:
+            raise DataError(
+                f"data source {self.label!r}: x is either the feature columns stacked "
+                f"(features={','.join(config.features)}) or a dict of named columns (keys "
+                f"{', '.join(into_x)}); leave out one"
+            )
+        if into_x:
+            return []  # x is a dict of the columns the keys name: a model's named inputs
         features = list(config.features) or [name for name in header if name not in named]
         if not features and config.label is None and config.keys:
             return []  # keys alone (user, item, rating): batches without x
@@ -157,7 +167,8 @@ class CsvSource(DataSource):
         taken = ["x"] + (["y"] if self.config.label is not None else [])
         for column, key in pairs:
             renamed = column != key
-            if not column or (renamed and not key.isidentifier()) or key in taken:
+            named = all(part.isidentifier() for part in key.split("/"))
+            if not column or (renamed and not named) or key in taken:
                 why = f"the batch key {key!r} is taken" if key in taken else "not COLUMN:KEY"
                 raise DataError(
                     f"data source {self.label!r}: --data-set keys expects COLUMN or "

@@ -64,7 +64,8 @@ class TfrecordConfig(StreamConfig):
     bytes or png/jpeg/image; e.g. image=png,label=int64 or x=float32:64; by default
     inferred from the first record); ``keys``: FEATURE:KEY items naming the batch key of
     a feature (by default its own name, image/img/image_raw/pixels become x and
-    label/labels/target/class y); ``validation_files``: a glob of the files, or the
+    label/labels/target/class y; a path x/NAME makes x a dict of named features, a
+    model's named inputs); ``validation_files``: a glob of the files, or the
     fraction of files (drawn by the seed), held out as validation data;
     ``value_range``: decoded images' pixels in [0, 1] (unit), [-1, 1] (signed) or
     [0, 255] (raw); ``compression``: '' or GZIP (or ZLIB); ``cycle_length``: files read
@@ -297,6 +298,7 @@ class TfrecordSource(DataSource):
             mapping[feature] = key
         for key, aliases in ALIASES.items():
             taken = set(mapping.values()) | {name for name in names if name not in mapping}
+            taken |= {value.split("/")[0] for value in mapping.values()}  # x/NAME: x's
             found = [name for name in names if name in aliases and name not in mapping]
             if key not in taken and len(found) == 1:
                 mapping[found[0]] = key

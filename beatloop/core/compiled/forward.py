@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from beatloop.core.compiled.user_code import call_user
+from beatloop.core.data.paths import spec_paths
 from beatloop.core.devices import collectives
 from beatloop.core.devices.replicas import OwnBatch, ReplicaRandom
 from beatloop.core.failures.errors import BeatloopError, InputMismatchError, MismatchFound
@@ -250,8 +251,8 @@ def _fits(expected: tuple, found: tf.TensorShape) -> bool:
 
 
 def _batch_key(tensor, batch) -> str | None:
-    """The key of ``batch`` whose value ``tensor`` is (the loss passed it as it is)."""
-    return next((key for key, value in (batch or {}).items() if value is tensor), None)
+    """The path (``x``, ``x/token_ids``) of ``batch``'s tensor that ``tensor`` is."""
+    return next((path for path, value in spec_paths(batch or {}).items() if value is tensor), None)
 
 
 def keras_message(error: BaseException) -> str:

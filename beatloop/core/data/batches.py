@@ -1,18 +1,21 @@
 """Data sets as the engine sees them: batched ``tf.data`` pipelines of dicts of tensors.
 
 A user may pass ``(x, y)`` tuples or dicts; both become dicts here, once, so recipes and
-the compiled step see one shape of batch. Checks run on the element spec, before any
-tracing, so a mistake reads as a sentence rather than a TensorFlow traceback.
+the compiled step see one shape of batch. A batch key may hold a dict or tuple of tensors
+(a model's named inputs, as Keras's ``fit`` takes ``x``): each tensor in it is named by
+its path (``paths.py``). Checks run on the element spec, before any tracing, so a
+mistake reads as a sentence rather than a TensorFlow traceback.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 import tensorflow as tf
 
+from beatloop.core.data.paths import first_tensor, is_nested, spec_paths
 from beatloop.core.failures.errors import DataError
 
 TUPLE_KEYS = ("x", "y", "sample_weight")
@@ -111,11 +114,22 @@ def batched_source(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def _check_tensor_specs(spec: Mapping, role: str) -> None:
-    for key, value in spec.items():
+    for path, value in spec_paths(spec).items():
         if not isinstance(value, tf.TensorSpec):
-            raise DataError(f"the {role} data set's {key!r} must be a plain tensor, found {value}")
+            raise DataError(
+                f"the {role} data set's {path!r} must be a tensor (a dense one: "
+                f"{_kind(value)} is not taken), found {value}"
+            )
         if value.shape.rank is None:
-            raise DataError(_unknown_rank(key, role))
+            raise DataError(_unknown_rank(path, role))
+    for key, value in spec.items():
+        if is_nested(value) and not spec_paths({key: value}):
+            raise DataError(f"the {role} data set's {key!r} holds an empty {_kind(value)}")
+
+
+def _kind(value) -> str:
+    """What a spec is, in a word: ``a RaggedTensorSpec``, ``a dict``."""
+    return type(value).__name__
 
 
 def _unknown_rank(key: str, role: str) -> str:
@@ -145,11 +159,32 @@ def check_batch_spec(
             f"{sorted(spec)} (missing {missing})"
         )
     for key, min_rank in required.items():
-        if key in spec and spec[key].shape.rank is not None and spec[key].shape.rank < min_rank:
+        if key not in spec:
+            continue
+        # In a dict or tuple each tensor is a model input of its own: the batch dimension.
+        least = 1 if is_nested(spec[key]) else min_rank
+        for path, value in spec_paths({key: spec[key]}).items():
+            if value.shape.rank is not None and value.shape.rank < least:
+                problems.append(
+                    f"{owner} expects {role} batch {path!r} with at least {least} "
+                    f"dimension(s) (batch first), found shape {value.shape}; is the data set "
+                    "batched? Call .batch(n) on it"
+                )
+    return problems
+
+
+def nested_problems(spec: Mapping, nested: Iterable[str], owner: str, role: str) -> list[str]:
+    """The keys holding a dict or tuple of tensors that the recipe takes as one tensor
+    (it computes on them, not only hands them to a model): only ``nested`` may."""
+    allowed = set(nested)
+    problems = []
+    for key, value in spec.items():
+        if is_nested(value) and key not in allowed:
+            paths = ", ".join(spec_paths({key: value}))
+            takes = f" (it takes a structure in {sorted(allowed)} only)" if allowed else ""
             problems.append(
-                f"{owner} expects {role} batch {key!r} with at least {min_rank} dimension(s) "
-                f"(batch first), found shape {spec[key].shape}; is the data set batched? "
-                "Call .batch(n) on it"
+                f"{owner} takes {role} batch {key!r} as one tensor{takes}; the data set gives "
+                f"a {_kind(value)} of tensors ({paths})"
             )
     return problems
 
@@ -159,14 +194,19 @@ def check_split(
     required: Mapping[str, int],
     recipe_check: Callable[[Mapping[str, tf.TensorSpec]], list[str]],
     owner: str,
+    nested: Iterable[str] = (),
 ) -> None:
     """Raise one DataError naming every problem with a split's batches: keys and ranks
-    (``required``), the recipe's own checks, and validation batches unlike training's."""
+    (``required``), structures where the recipe takes one tensor (only ``nested`` keys
+    may hold a dict or tuple of tensors), the recipe's own checks, and validation
+    batches unlike training's."""
     problems = []
     for role, dataset in (("training", split.train), ("validation", split.validation)):
         if dataset is None:
             continue
-        problems += _problems(dataset.element_spec, required, recipe_check, owner, role, problems)
+        spec = dataset.element_spec
+        found = _problems(spec, required, recipe_check, owner, role, problems, nested)
+        problems += found
     if split.validation is not None and not problems:
         problems += _validation_mismatches(split.train.element_spec, split.validation.element_spec)
     if problems:
@@ -179,21 +219,25 @@ def check_evaluation_data(
     required: Mapping[str, int],
     recipe_check: Callable[[Mapping[str, tf.TensorSpec]], list[str]],
     owner: str,
+    nested: Iterable[str] = (),
 ) -> None:
     """Raise one DataError naming every problem with the batches of an evaluation data
     set: the checks validation data gets (``training``: the training batches' spec)."""
     spec = dataset.element_spec
-    problems = _problems(spec, required, recipe_check, owner, "evaluation", [])
+    problems = _problems(spec, required, recipe_check, owner, "evaluation", [], nested)
     if not problems:
         problems += _validation_mismatches(training, spec, "evaluation")
     if problems:
         raise DataError("; ".join(problems))
 
 
-def _problems(spec, required, recipe_check, owner: str, role: str, earlier: list) -> list[str]:
-    """A data set's problems: keys and ranks, then (when nothing else is wrong so far)
-    the recipe's own checks."""
-    problems = check_batch_spec(spec, required, owner, role)
+def _problems(
+    spec, required, recipe_check, owner: str, role: str, earlier: list, nested=()
+) -> list[str]:
+    """A data set's problems: keys and ranks and structures, then (when nothing else is
+    wrong so far) the recipe's own checks."""
+    problems = nested_problems(spec, nested, owner, role)
+    problems += check_batch_spec(spec, required, owner, role)
     if not earlier and not problems:
         problems += [f"{role} data: {p}" for p in recipe_check(spec)]
     return problems
@@ -204,24 +248,30 @@ def _validation_mismatches(
 ) -> list[str]:
     problems = []
     for key in sorted(set(train) & set(validation)):
-        same_dtype = train[key].dtype == validation[key].dtype
-        if not same_dtype or not train[key].shape[1:].is_compatible_with(validation[key].shape[1:]):
+        trained, given = spec_paths({key: train[key]}), spec_paths({key: validation[key]})
+        if set(trained) != set(given):
             problems.append(
-                f"{role} batch {key!r} is {validation[key]} but training batch "
-                f"{key!r} is {train[key]}"
+                f"{role} batch {key!r} holds {sorted(given)} but training batch {key!r} "
+                f"holds {sorted(trained)}"
             )
+            continue
+        for path in trained:
+            t, v = trained[path], given[path]
+            if t.dtype != v.dtype or not t.shape[1:].is_compatible_with(v.shape[1:]):
+                problems.append(f"{role} batch {path!r} is {v} but training batch {path!r} is {t}")
     return problems
 
 
 def batch_shapes(spec: Mapping) -> str:
-    """``{x: (None, 64) float32, ...}``: the shapes and dtypes of a batch spec."""
-    return "{" + ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in spec.items()) + "}"
+    """``{x: (None, 64) float32, ...}``: the shapes and dtypes of a batch spec, each
+    tensor of a dict or tuple by its path (``x/token_ids``)."""
+    paths = spec_paths(spec)
+    return "{" + ", ".join(f"{k}: {tuple(s.shape)} {s.dtype.name}" for k, s in paths.items()) + "}"
 
 
 def leading_dimension(batch: Mapping[str, tf.Tensor]) -> tf.Tensor:
     """The number of examples in a batch: the first dimension of its first tensor."""
-    first = batch[next(iter(sorted(batch)))]
-    return tf.shape(first, out_type=tf.int64)[0]
+    return tf.shape(first_tensor(batch), out_type=tf.int64)[0]
 
 
 def pipeline(dataset: tf.data.Dataset) -> Iterator[tf.data.Dataset]:

@@ -20,6 +20,7 @@ import attrs
 import tensorflow as tf
 
 from beatloop.core.data.batches import batched_source, leading_dimension
+from beatloop.core.data.paths import first_tensor
 from beatloop.core.devices.replicas import batch_share
 from beatloop.core.failures.errors import BeatloopError, ConfigError
 
@@ -213,7 +214,7 @@ def _batch_rows(batch, call: str) -> tf.Tensor:
 def _rows_known(tensor: tf.Tensor, batch) -> bool:
     """Whether ``tensor``'s first axis is known, when traced, to be the batch's rows;
     a ValueError when it is known not to be."""
-    first = batch[next(iter(sorted(batch)))]
+    first = first_tensor(batch)
     expected = first.shape[0] if first.shape.rank else None
     found = tensor.shape[0] if tensor.shape.rank else None
     if expected is not None and found is not None and expected != found:

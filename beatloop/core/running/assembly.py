@@ -110,7 +110,7 @@ def _assemble(
     _check_strategy(strategy, options)
     counters = Counters()  # host counters, advanced outside the replicas
     spec = data.train.element_spec
-    check_split(data, recipe.batch_keys, recipe.check_batch_spec, label)
+    check_split(data, recipe.batch_keys, recipe.check_batch_spec, label, recipe.nested_keys)
     with _scope(strategy):
         random, validation_random = (tf.random.Generator.from_seed(seed) for _ in "tv")
         with dtype_policy(options.precision):
@@ -284,16 +284,18 @@ def loss_scaled(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optim
 
 def _models(recipe: Recipe, spec, given: Mapping | None, label: str) -> dict:
     """The recipe's models (none when it defines no ``build_models``) with the user's in
-    their places, ``.keras`` paths loaded; the names it uses and its supplied models are
-    accepted, and every required model the user did not give is named in one error."""
+    their places (``.keras`` paths loaded), then those it derives from them (copies);
+    every required model the user did not give is named in one error."""
     given = dict(given or {})
     builds = defines(recipe, "build_models")
     built = recipe.build_models(spec) if builds else {}
     names = recipe.model_names()
-    known = [*built, *(n for n in (recipe.supplied_models if builds else names) if n not in built)]
+    known = [*built, *(n for n in (*recipe.supplied_models, *names) if n not in built)]
     _refuse_unknown(given, known, "model", label)  # a misspelt name before a missing one
-    missing_models(label, recipe.supplied_models, given, None if builds else names)
-    return _replaced(built, loaded(given), "model", label, known)
+    models = _replaced(built, loaded(given), "model", label, known)
+    models.update({n: m for n, m in recipe.derived_models(models).items() if n not in given})
+    missing_models(label, recipe.supplied_models, models, None if builds else names)
+    return models
 
 
 def _refuse_unknown(given: Mapping, known, kind: str, label: str) -> None:

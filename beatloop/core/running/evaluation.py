@@ -18,6 +18,7 @@ from beatloop.core.compiled.op_errors import data_errors
 from beatloop.core.compiled.user_code import in_recipe
 from beatloop.core.data.batches import DataSplit, as_evaluation_data, check_evaluation_data
 from beatloop.core.data.data_origin import LOOP_DATA_ADVICE, is_loop_data
+from beatloop.core.data.paths import spec_record
 from beatloop.core.devices.collectives import Gathering
 from beatloop.core.failures.errors import ConfigError, DataError
 from beatloop.core.feeding.stream import DataStream
@@ -99,7 +100,7 @@ class Evaluation:
             recipe = self.parts.recipe
             check_evaluation_data(
                 dataset, self.data.train.element_spec, recipe.batch_keys,
-                recipe.check_batch_spec, label,
+                recipe.check_batch_spec, label, recipe.nested_keys,
             )  # fmt: skip
         logs = self.run(self._loop(spec, limit, role, dataset), limit, role, dataset)
         prefix = self.parts.validation_metrics.prefix
@@ -128,7 +129,7 @@ class Evaluation:
         ):
             return loop
         # The bound schedule too: a recipe in phases evaluates its current phase's.
-        specs = tuple((name, str(s)) for name, s in sorted(spec.items()))
+        specs = tuple(sorted(spec_record(spec).items()))
         key = (limit, specs, id(self.parts.bound), gathering)
         if key not in self._loops:
             parts = self.parts

@@ -55,11 +55,13 @@ class Recipe(abc.ABC):
     Optional: ``default_data(seed)`` (a ``DataSplit`` built from data that ships
     locally; without it every run passes ``data=``), ``build_models(batch_spec)`` (models
     by name, built for batches of that spec; without it every run passes ``models=``),
+    ``derived_models(models)`` (models made from the others: a copy an average starts as),
     ``read_training_data(train)`` (vocabularies and counts ``build_models`` needs),
     ``build_state()`` (variables that are not models, see ``Recipe.build_state``),
     ``steps_per_epoch`` (for data its own loop makes, see ``beatloop.loop_data``),
     ``supplied_models`` (models the user supplies, see ``SuppliedModel``),
-    ``batch_keys`` (key -> minimum rank), ``primary_model`` (the model Keras callbacks
+    ``batch_keys`` (key -> minimum rank), ``nested_keys`` (the keys that may hold a dict
+    or tuple of tensors: ``x`` by default), ``primary_model`` (the model Keras callbacks
     see), ``source_defaults`` (data source parameters it wants, see
     ``beatloop.sources``), ``label_classes()`` (label keys -> the config
     field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
@@ -76,6 +78,11 @@ class Recipe(abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoConfig
     batch_keys: ClassVar[Mapping[str, int]] = {}
+    #: The batch keys that may hold a dict or tuple of tensors (a model's named inputs,
+    #: as Keras's ``fit`` takes ``x``): keys the recipe only hands to its models. Every
+    #: other key must hold one tensor (the recipe computes on it: a label, an image it
+    #: augments), and data giving a structure there is refused naming the key.
+    nested_keys: ClassVar[frozenset[str]] = frozenset({"x"})
     #: The logged figure that says how good a run's result is, and whether higher is
     #: better (``beatloop compare`` puts it in its table); none by default.
     quality_figure: ClassVar[tuple[str, str] | None] = None
@@ -129,6 +136,13 @@ class Recipe(abc.ABC):
         """Create this recipe's models for batches of ``batch_spec``. Optional: a recipe
         without it is run with ``models=`` holding every model its schedule names."""
         raise ConfigError(no_models_message(f"recipe {self.name!r}", self.model_names()))
+
+    def derived_models(self, models: Mapping[str, keras.Layer]) -> dict[str, keras.Layer]:
+        """Models made from the run's others (an average or a target network that starts
+        as a copy: ``beatloop.layers.copy_of``), by name, given ``models``: the built and
+        passed ones, so a copy is of the model the run trains, the user's included. A
+        name the user passes is the user's. None by default."""
+        return {}
 
     def read_training_data(self, train: tf.data.Dataset) -> None:
         """Read what ``build_models`` needs from the training data (vocabularies, counts)
@@ -219,7 +233,8 @@ class Recipe(abc.ABC):
 #: ``ConfigError`` stays one) becomes a ``UserCodeError`` naming the recipe, the method
 #: and its line, as a loss's does.
 REPORTED = (
-    "default_data", "read_training_data", "build_models", "build_state", "epoch_figures",
+    "default_data", "read_training_data", "build_models", "derived_models", "build_state",
+    "epoch_figures",
 )  # fmt: skip
 
 

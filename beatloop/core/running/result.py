@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import keras
+import tensorflow as tf
 
 from beatloop.core.compiled.averaged import averaged_weights, evaluated_pairs
 from beatloop.core.compiled.binding import BoundSchedule
-from beatloop.core.failures.errors import BeatloopError
+from beatloop.core.failures.errors import BeatloopError, CheckpointError
 from beatloop.core.running.recipe import Recipe
 from beatloop.core.saving.run_dir import check_export_dir
 
@@ -87,11 +89,22 @@ class FitResult:
             )
         return self.engine.evaluate(data, steps_per_execution=steps_per_execution)
 
-    def export(self, out: str | Path) -> dict[str, Path]:
+    def best_models(self) -> dict[str, keras.Layer]:
+        """The models at the best epoch kept with ``keep_best`` (``result.best``), by name:
+        copies (``keras.models.clone_model``) holding its checkpoint's weights; this
+        result's ``models`` stay as they are. An evaluated average is its own model
+        (``"ema"``): the best epoch's, as its figure judged it."""
+        with self._at_best():
+            return {name: _copy(name, model) for name, model in self.models.items()}
+
+    def export(self, out: str | Path, *, best: bool = False) -> dict[str, Path]:
         """Write each inference model (the classifier, the generator, ...) as a
         SavedModel in ``out/NAME`` with a ``serve`` endpoint; return the paths. An
         evaluated average (``EMA(evaluated=True)``) is what is written, in its source's
-        place."""
+        place. ``best=True``: the best epoch's models (``keep_best``), not the last's."""
+        if best:
+            with self._at_best():
+                return self.export(out)
         models = self.recipe.inference_models(self.bound.models)
         if not models:
             raise BeatloopError(
@@ -107,3 +120,59 @@ class FitResult:
             for name, model in models.items():
                 model.export(str(paths[name]), format="tf_saved_model", verbose=False)
         return paths
+
+    @contextlib.contextmanager
+    def _at_best(self):
+        """The models hold the best epoch's checkpoint's weights inside the block, and
+        their own again after it."""
+        path = self._best_checkpoint()
+        variables = {name: list(model.variables) for name, model in self.models.items()}
+        own = {name: [v.numpy() for v in each] for name, each in variables.items()}
+        try:
+            read = tf.train.Checkpoint(model_variables=variables).read(str(path))
+            read.assert_existing_objects_matched().expect_partial()
+        except (tf.errors.OpError, AssertionError, ValueError) as error:
+            _put_back(variables, own)
+            raise CheckpointError(
+                f"the best epoch's checkpoint {path} cannot be read into this run's models: "
+                f"{str(error).splitlines()[0]}"
+            ) from error
+        try:
+            yield
+        finally:
+            _put_back(variables, own)
+
+    def _best_checkpoint(self) -> Path:
+        checkpoint = (self.best or {}).get("checkpoint")
+        if self.run_dir is None or not checkpoint:
+            raise BeatloopError(
+                "this run keeps no best epoch: fit it with keep_best= (--keep-best) and a "
+                "run_dir, and let it finish an epoch"
+            )
+        path = Path(self.run_dir) / "checkpoints" / checkpoint
+        if not Path(f"{path}.index").is_file():
+            raise CheckpointError(
+                f"the best epoch's checkpoint {path} is gone (its files were deleted); "
+                "export(best=False) writes the last epoch's models"
+            )
+        return path
+
+
+def _put_back(variables: Mapping[str, list], values: Mapping[str, list]) -> None:
+    for name, each in variables.items():
+        for variable, value in zip(each, values[name], strict=True):
+            variable.assign(value)
+
+
+def _copy(name: str, model: keras.Layer) -> keras.Layer:
+    """A model of ``model``'s architecture holding its current weights."""
+    try:
+        copy = keras.models.clone_model(model)
+    except Exception as error:
+        raise BeatloopError(
+            f"model {name!r} cannot be copied (keras.models.clone_model: "
+            f"{type(error).__name__}: {error}); use export(best=True), or "
+            "beatloop.restore(run_dir, best=True).models"
+        ) from error
+    copy.set_weights(model.get_weights())
+    return copy

@@ -38,6 +38,7 @@ from beatloop.core.saving.checkpoint_files import (  # noqa: F401  (latest_recor
     remove_leftovers,
     warn_unreadable,
 )
+from beatloop.core.saving.layout import refuse_other_optimizers
 from beatloop.core.saving.record import RunRecord
 from beatloop.core.saving.run_dir import writing
 
@@ -160,6 +161,7 @@ class RunCheckpoints:
                 continue
             record.refuse_if_different(expected, self.read_directory)
             try:
+                refuse_other_optimizers(path, self._parts["optimizers"])
                 status = self._reader(path).read(path)
                 status.assert_existing_objects_matched().expect_partial()
                 host = json.loads(self._host.numpy().decode("utf-8"))

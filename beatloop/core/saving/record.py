@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from beatloop.core.data.paths import spec_record
 from beatloop.core.failures.errors import CheckpointError
 from beatloop.core.saving import op_determinism as determinism
 from beatloop.core.saving.run_dir import replace_file
@@ -79,7 +80,7 @@ class RunRecord:
                 name: [list(v.shape) for v in model.variables]
                 for name, model in bound.models.items()
             },
-            data={key: str(spec) for key, spec in batch_spec.items()},
+            data=spec_record(batch_spec),
             precision=precision,
             op_determinism=determinism.is_on(),
             state=state_record(bound.state),
