@@ -45,7 +45,10 @@ RUN_ELSEWHERE = {
         "test_tune.py::test_a_four_trial_study_on_two_jobs_finishes_and_its_best_trial_replays_"
         "bit_for_bit"
     ),
-    "MlflowLogger(": "test_mlflow.py::test_the_tracking_page_block_runs",
+    'run_dir="runs/digits",': "test_mlflow.py::test_the_tracking_page_block_runs",
+    '"runs/finetune"': (
+        "test_mlflow.py::test_the_fine_tuning_page_runs_and_its_run_dir_serves_the_shell"
+    ),
     "class Dcgan": (
         "test_groups.py::test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_"
         "hand_written_step"

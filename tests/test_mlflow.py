@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import find_block
+from helpers import find_block, python_blocks
 from mlflow.tracking import MlflowClient
 
 import beatloop
@@ -291,9 +291,43 @@ def test_the_tracking_page_block_runs(tmp_path, empty_store, monkeypatch):
     monkeypatch.chdir(tmp_path)
     uri = store_near(tmp_path / "runs", empty_store)
     monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
-    find_block("MlflowLogger(").run({})
+    find_block('run_dir="runs/digits",').run({})
     (run,) = the_runs(uri)
     assert run.info.run_name == "digits" and run.info.status == "FINISHED"
+
+
+def test_the_fine_tuning_page_runs_and_its_run_dir_serves_the_shell(
+    tmp_path, empty_store, monkeypatch, capsys
+):
+    """docs/finetuning.md: its blocks in order (a model of named inputs fine-tuned with
+    accumulation, an evaluated average, the best epoch kept and MLflow), then its shell
+    lines, which rebuild the run from its run dir alone."""
+    monkeypatch.chdir(tmp_path)
+    uri = store_near(tmp_path / "runs", empty_store)
+    page = Path(__file__).resolve().parents[1] / "docs" / "finetuning.md"
+    namespace: dict = {}
+    blocks = [block for block in python_blocks([page]) if block.not_run is None]
+    assert len(blocks) == 3
+    for block in blocks:
+        monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
+        block.run(namespace)
+    result, best = namespace["result"], namespace["best"]
+    (run,) = the_runs(uri)
+    assert run.info.status == "FINISHED" and run.data.params["config.accumulate"] == "4"
+    assert result.history["loss"][-1] < result.history["loss"][0]  # it learnt
+    capsys.readouterr()
+    text = page.read_text()
+    shell = text[text.index("```sh\n", text.index("## Afterwards")) + 6 :].split("```")[0]
+    lines = [line.split("#")[0].split() for line in shell.strip().splitlines()]
+    assert [line[:2] for line in lines] == [["beatloop", "evaluate"], ["beatloop", "export"]]
+    for line in lines:
+        assert main(line[1:]) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines()[:4])
+    figures = beatloop.evaluate("runs/finetune", namespace["validation"], best=True)
+    assert float(printed["loss"]) == pytest.approx(figures["loss"], rel=1e-3)
+    inputs = {k: tf.constant(v) for k, v in namespace["sentences"](8, seed=3)[0].items()}
+    exported = tf.saved_model.load("out/best/model")
+    np.testing.assert_allclose(exported.serve(inputs), best["ema"](inputs), rtol=1e-5, atol=1e-6)
 
 
 def test_mlflow_is_named_mlflow_and_imported_only_when_a_run_starts():

@@ -17,6 +17,10 @@ CLI_SPELLINGS = (
         "pass --model NAME=PATH.keras (models={...} in Python) for each of: ",
     ),
     (
+        re.compile(r"\bpass models=\{'?(\w+)'?: \.\.\.\}"),
+        r"pass --model \1=PATH.keras (models={'\1': ...} in Python)",
+    ),
+    (
         re.compile(r"\bpass steps_per_execution=(\S*) or 'auto'"),
         r"pass --steps-per-execution \1 or auto (steps_per_execution= in Python)",
     ),

@@ -290,7 +290,7 @@ def _models(recipe: Recipe, spec, given: Mapping | None, label: str) -> dict:
     builds = defines(recipe, "build_models")
     built = recipe.build_models(spec) if builds else {}
     names = recipe.model_names()
-    known = [*built, *(n for n in (*recipe.supplied_models, *names) if n not in built)]
+    known = list(dict.fromkeys([*built, *names]))  # names: the schedule's, then supplied
     _refuse_unknown(given, known, "model", label)  # a misspelt name before a missing one
     models = _replaced(built, loaded(given), "model", label, known)
     models.update({n: m for n, m in recipe.derived_models(models).items() if n not in given})
