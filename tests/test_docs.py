@@ -46,6 +46,7 @@ RUN_ELSEWHERE = {
         "bit_for_bit"
     ),
     "MlflowLogger(": "test_mlflow.py::test_the_tracking_page_block_runs",
+    "by_beatloop": "test_sparse_updates.py::test_the_schedules_page_block_prints_what_it_shows",
     "class Dcgan": (
         "test_groups.py::test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_"
         "hand_written_step"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, run_python
+from helpers import all_weights, find_block, run_python
 from text_classifier import OneBeat, hand_written, text_classifier, token_batches
 
 import beatloop
@@ -77,6 +78,23 @@ def test_keras_s_own_apply_on_the_raw_rows_moves_it_root_three_times_as_far():
     optimizer.apply(grads, model.trainable_variables)
     moved = np.abs(model.layers[0].embeddings.numpy() - before) / LEARNING_RATE
     np.testing.assert_allclose(moved[1], [math.sqrt(3)] * 2, rtol=1e-5)
+
+
+def test_the_schedules_page_block_prints_what_it_shows(capsys):
+    """The reproduction on the schedules page ("Embeddings"): Keras's Adam and ``fit``
+    move the row √3 learning rates, beatloop one; the page shows what the block prints."""
+    block = find_block("by_beatloop")
+    text = block.document.read_text()
+    after = text[text.index(block.code) + len(block.code) :]
+    shown = re.match(r"```\n\n```text\n(.*?)```", after, re.S)[1]
+    block.run({})
+    printed = capsys.readouterr().out
+    assert printed == shown
+    assert printed.splitlines() == [
+        "Keras's Adam: [1.732 1.732]",
+        "fit: [1.732 1.732]",
+        "beatloop: [1. 1.]",
+    ]
 
 
 def largest_difference(a: dict, b: dict) -> float:
