@@ -12,8 +12,8 @@ reverse order (a sum neither of the others reorders), the largest gap over every
 variable compared here, and never less than one float32 spacing of the largest model
 weight (where all leave every bit alone, the least two orders of a sum can part by).
 ``FLOORS`` holds each with the run that sets it, as ``python benchmarks/replica_gaps.py
---small`` measures them; the gaps beside them are in ``docs/speed.md`` ("Many devices:
-the equivalence matrix")."""
+--small`` measures them; the gaps beside them are in
+``docs/speed.md`` ("Many devices: the equivalence matrix")."""
 
 from __future__ import annotations
 
