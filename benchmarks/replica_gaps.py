@@ -32,7 +32,9 @@ the other built-ins), so no run of it is reproducible past round-off on other ha
 one device or many.
 
 ``--small`` does the same for the equivalence matrix's cases (the test configuration,
-``tests/workers/equivalence_run.py``): the floors ``tests/test_equivalence.py`` holds.
+``tests/workers/equivalence_run.py``): the floors ``tests/test_equivalence.py`` holds;
+for the cases whose embeddings' rows are summed per id (``ROWS_REVERSED`` there), a third
+one-device run with each batch's rows in reverse order reorders those sums too.
 
     python benchmarks/replica_gaps.py --defaults      # about 9 minutes on 2 cores
     python benchmarks/replica_gaps.py --defaults --only ppo,recommender
@@ -529,7 +531,8 @@ def defaults(labels: list[str], keep: str | None) -> None:
 
 def small(keep: str | None) -> None:
     """The equivalence matrix's cases: its worker on one device and two replicas, and on
-    one device with oneDNN off and with the arithmetic optimizer off, one after another."""
+    one device with oneDNN off, with the arithmetic optimizer off and (some cases) with
+    each batch's rows reversed, one after another."""
     worker = TESTS / "workers" / "equivalence_run.py"
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
@@ -541,6 +544,7 @@ def small(keep: str | None) -> None:
                 ["--one", str(folder / "arithmetic_off"), "--no-arithmetic-optimization"],
                 "1",
             ),
+            "rows_reversed": (["--one", str(folder / "rows_reversed"), "--rows-reversed"], "1"),
         }
         for name, (args, onednn) in runs.items():
             (folder / name).mkdir(parents=True, exist_ok=True)
@@ -551,8 +555,8 @@ def small(keep: str | None) -> None:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
         matrix = json.loads((folder / "matrix" / "matrix.json").read_text())
         header = (
-            "case", "two replicas", "oneDNN off", "arithmetic off", "1 spacing", "floor",
-            "ratio",
+            "case", "two replicas", "oneDNN off", "arithmetic off", "rows reversed",
+            "1 spacing", "floor", "ratio",
         )  # fmt: skip
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
@@ -560,13 +564,14 @@ def small(keep: str | None) -> None:
             one = dict(np.load(folder / "matrix" / f"{case}.npz"))
             gap = max(figures[part] for part in ("weights", "optimizer", "state"))
             floors = []
-            for name in ("onednn_off", "arithmetic_off"):
-                other = dict(np.load(folder / name / f"{case}.npz"))
-                floors.append(largest(one, other, ""))
-            floor = max(*floors, spacing(one, "model:"))
+            for name in ("onednn_off", "arithmetic_off", "rows_reversed"):
+                path = folder / name / f"{case}.npz"  # rows reversed: some cases only
+                floors.append(largest(one, dict(np.load(path)), "") if path.exists() else None)
+            floor = max(*(f for f in floors if f is not None), spacing(one, "model:"))
+            shown = [f"{f:.1e}" if f is not None else "—" for f in floors]
             cells = (
-                case, f"{gap:.1e}", f"{floors[0]:.1e}", f"{floors[1]:.1e}",
-                f"{spacing(one, 'model:'):.1e}", f"{floor:.1e}", f"{gap / floor:.2g}",
+                case, f"{gap:.1e}", *shown, f"{spacing(one, 'model:'):.1e}", f"{floor:.1e}",
+                f"{gap / floor:.2g}",
             )  # fmt: skip
             print("| " + " | ".join(cells) + " |", flush=True)
     print(f"\n{time.perf_counter() - began:.0f} s in all", flush=True)

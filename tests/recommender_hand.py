@@ -1,9 +1,11 @@
 """The recommender recipe's algorithm written by hand, as a TensorFlow user writes the
 TFRS multitask model without TFRS: vocabularies from a pass over the training data,
-lookups and embeddings, a ``tf.function`` step with a ``GradientTape`` and a Keras Adam,
-the task losses weighted (fixed, or DWA set after each epoch from the epoch's mean task
-losses). tests/test_recommender.py checks that the built-in recipe ends bit-identical
-to it; benchmarks/recommender_step.py times the two side by side.
+lookups and embeddings, a ``tf.function`` step with a ``GradientTape`` and a Keras Adam
+fed each embedding's gradient with its rows summed per id (``summed_per_id``: Keras 2's
+optimizers did that before a sparse update, Keras 3's do not), the task losses weighted
+(fixed, or DWA set after each epoch from the epoch's mean task losses).
+tests/test_recommender.py checks that the built-in recipe ends bit-identical to it;
+benchmarks/recommender_step.py times the two side by side.
 
 It shares nothing with the recipe but the data and the config values.
 """
@@ -49,6 +51,16 @@ def towers(users, items, config) -> dict[str, keras.Model]:
     }
 
 
+def summed_per_id(grad):
+    """An embedding's gradient (``IndexedSlices``, a row per lookup) with the rows of each
+    id summed into one, as the dense gradient sums them; any other gradient as it is."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    ids, rows = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, rows, tf.shape(ids)[0])
+    return tf.IndexedSlices(values, ids, grad.dense_shape)
+
+
 class HandWrittenRecommender:
     """Two towers, retrieval and rating, trained on ``train`` from ``models`` (copies of
     the recipe's initial weights), one compiled step a call."""
@@ -83,7 +95,7 @@ class HandWrittenRecommender:
             predicted = m["rating"](both, training=True)[:, 0]
             rating = tf.reduce_mean(tf.square(predicted - batch[c.rating_key]))
             loss = tf.add_n([self.weights[0] * retrieval, self.weights[1] * rating])
-        grads = tape.gradient(loss, self.variables)
+        grads = [summed_per_id(g) for g in tape.gradient(loss, self.variables)]
         self.optimizer.apply_gradients(zip(grads, self.variables, strict=True))
         rows = tf.cast(tf.shape(users)[0], tf.float32)
         self.sums[0].assign_add(retrieval * rows)

@@ -49,6 +49,7 @@ RUN_ELSEWHERE = {
     '"runs/finetune"': (
         "test_mlflow.py::test_the_fine_tuning_page_runs_and_its_run_dir_serves_the_shell"
     ),
+    "by_beatloop": "test_sparse_updates.py::test_the_schedules_page_block_prints_what_it_shows",
     "class Dcgan": (
         "test_groups.py::test_simultaneous_gan_and_the_readme_recipe_match_the_tutorials_"
         "hand_written_step"

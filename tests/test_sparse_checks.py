@@ -1,6 +1,8 @@
-"""The NaN guard on an embedding's sparse gradient (``IndexedSlices``, a row per lookup):
-its figure is the dense gradient's (the rows of one index summed first), non-finite
-exactly when that is, and the compiled step computes it without a table-sized tensor."""
+"""An embedding's sparse gradient (``IndexedSlices``, a row per lookup) summed per index
+(``sparse_rows.summed_per_index``: what the optimizer and the NaN guard read) is the
+dense gradient, eagerly, traced and under XLA; the guard's figure is then the dense
+gradient's, non-finite exactly when that is, and the compiled step computes it without
+a table-sized tensor."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import tensorflow as tf
 import beatloop
 from beatloop import Engine, EngineOptions
 from beatloop.core.compiled.numerics import gradient_squares
+from beatloop.core.compiled.sparse_rows import summed_per_index
 from beatloop.core.data.batches import as_data_split
 from beatloop.core.failures.errors import NumericsError
 
@@ -25,21 +28,38 @@ def sparse_gradient(values: np.ndarray, indices) -> tf.IndexedSlices:
     return tf.IndexedSlices(values, tf.constant(indices, tf.int64), dense_shape)
 
 
+def guard_squares(grads) -> list[tf.Tensor]:
+    """The guard's squares of ``grads`` as the step reads them: each summed per index."""
+    return gradient_squares([summed_per_index(g) for g in grads])
+
+
 @pytest.mark.parametrize("how", ["eager", "graph", "xla"])
-def test_the_squares_of_a_sparse_gradient_are_those_of_its_dense_form(how):
+def test_a_sparse_gradient_summed_per_index_is_its_dense_form_and_so_are_its_squares(how):
     rng = np.random.default_rng(0)
     indices = rng.integers(0, 40, size=300)  # 300 lookups of 40 rows: many repeated
     grad = sparse_gradient(rng.uniform(0.5, 1.5, size=(300, 5)), indices)
+
+    def summed_and_squares(grad):
+        summed = summed_per_index(grad)
+        return summed.values, summed.indices, gradient_squares([summed])[0]
+
     run = {
-        "eager": gradient_squares,
-        "graph": tf.function(gradient_squares),
-        "xla": tf.function(gradient_squares, jit_compile=True),
+        "eager": summed_and_squares,
+        "graph": tf.function(summed_and_squares),
+        "xla": tf.function(summed_and_squares, jit_compile=True),
     }[how]
-    (ours,) = run([grad])
-    dense = float(tf.nn.l2_loss(tf.convert_to_tensor(grad)))
-    np.testing.assert_allclose(float(ours), dense, rtol=1e-6)
+    values, found, ours = run(grad)
+    dense = tf.convert_to_tensor(grad)
+    # As many rows as lookups: one per distinct index, in the order they come, then zeros.
+    distinct = list(dict.fromkeys(indices.tolist()))
+    assert values.shape == (300, 5)
+    assert found.numpy().tolist() == distinct + [0] * (300 - len(distinct))
+    assert not np.any(values.numpy()[len(distinct) :])
+    summed = tf.IndexedSlices(values, found, grad.dense_shape)
+    np.testing.assert_array_equal(tf.convert_to_tensor(summed).numpy(), dense.numpy())
+    np.testing.assert_allclose(float(ours), float(tf.nn.l2_loss(dense)), rtol=1e-6)
     # Each lookup's row alone would be another figure: repeated rows are summed first.
-    assert dense > 2 * float(tf.nn.l2_loss(grad.values))
+    assert float(ours) > 2 * float(tf.nn.l2_loss(grad.values))
 
 
 def test_a_dense_gradient_keeps_its_squares():
@@ -56,7 +76,7 @@ def test_a_non_finite_value_makes_the_squares_non_finite_as_the_dense_ones(bad, 
     values = np.ones((4, 1), np.float32)
     values[[1, 3], 0] = bad  # rows 1 and 3 of the lookups are both table row 7
     grad = sparse_gradient(values, [2, 7, 5, 7])
-    ours = float(gradient_squares([grad])[0])
+    ours = float(guard_squares([grad])[0])
     dense = float(tf.nn.l2_loss(tf.convert_to_tensor(grad)))
     assert str(ours) == str(dense) == expected
 

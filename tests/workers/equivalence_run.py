@@ -10,10 +10,11 @@ and each case's one-device weights to OUT's folder as ``CASE.npz``.
 ``MultiWorkerMirroredStrategy`` run (its ``TF_CONFIG`` set by the caller): it trains each
 case there and writes its weights to ``OUT_DIR/CASE.npz``.
 
-``python equivalence_run.py --one OUT_DIR [--no-arithmetic-optimization] [CASE ...]``
-trains each case on one device alone and writes its weights to ``OUT_DIR/CASE.npz``: run
-with oneDNN off, or the arithmetic optimizer off, it measures the cases' noise floors
-(``benchmarks/replica_gaps.py --small``).
+``python equivalence_run.py --one OUT_DIR [--no-arithmetic-optimization | --rows-reversed]
+[CASE ...]`` trains each case on one device alone and writes its weights to
+``OUT_DIR/CASE.npz``: run with oneDNN off, the arithmetic optimizer off, or (the cases of
+``ROWS_REVERSED``) each batch's rows in reverse order, it measures the cases' noise
+floors (``benchmarks/replica_gaps.py --small``).
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ CASES: dict[str, dict] = {
         "epochs": 3,
     },
 }
+
+
+#: Cases whose batches, rows reversed, make the same run with its sums in another order
+#: (no random draw is tied to a row), and whose embeddings' gradients are summed per id
+#: over the batch's rows: a sum neither oneDNN nor the arithmetic optimizer reorders,
+#: which Adam carries on wherever an id's rows nearly cancel.
+ROWS_REVERSED = ("two_tower", "two_tower_gelu", "recommender")
 
 
 def flat_weights(result) -> dict[str, np.ndarray]:
@@ -194,10 +202,12 @@ def noisy(every: int = 1):
     return NoisyEvery
 
 
-def run_case(beatloop, case: dict, strategy, callbacks=()):
+def run_case(beatloop, case: dict, strategy, callbacks=(), rows_reversed=False):
     settings = {key: value for key, value in case.items() if key != "recipe"}
     settings.setdefault("epochs", 1)
     settings.setdefault("steps_per_execution", 4)
+    if rows_reversed:
+        settings["data"] = reversed_rows
     return beatloop.fit(
         recipe_of(case["recipe"]),
         seed=0,
@@ -206,6 +216,15 @@ def run_case(beatloop, case: dict, strategy, callbacks=()):
         callbacks=callbacks,
         **settings,
     )
+
+
+def reversed_rows(recipe, seed: int):
+    """The recipe's own data with the rows of every training batch in reverse order."""
+    import attrs
+
+    split = recipe.default_data(seed)
+    flipped = split.train.map(lambda batch: {k: tf.reverse(v, [0]) for k, v in batch.items()})
+    return attrs.evolve(split, train=flipped)
 
 
 def start_weights(beatloop) -> tuple[object, dict]:
@@ -257,17 +276,22 @@ def main(out: str, names: list[str]) -> None:
 
 def one_device(out_dir: str, names: list[str]) -> None:
     """Each case on one device alone, its weights to ``OUT_DIR/CASE.npz``: run under
-    another ``TF_ENABLE_ONEDNN_OPTS`` (or ``--no-arithmetic-optimization``), the same
-    run with its sums in another valid order, the noise floor of the replicas' gap."""
+    another ``TF_ENABLE_ONEDNN_OPTS`` (or ``--no-arithmetic-optimization``, or
+    ``--rows-reversed`` for the cases of ``ROWS_REVERSED`` alone), the same run with its
+    sums in another valid order, the noise floor of the replicas' gap."""
     cpu = tf.config.list_physical_devices("CPU")[0]  # the devices of ``main``'s process
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    rows_reversed = bool(names) and names[0] == "--rows-reversed"
     if names and names[0] == "--no-arithmetic-optimization":
         tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    if names and names[0].startswith("--"):
         names = names[1:]
     import beatloop
 
     for name in names or list(CASES):
-        result = run_case(beatloop, CASES[name], None)
+        if rows_reversed and name not in ROWS_REVERSED:
+            continue
+        result = run_case(beatloop, CASES[name], None, rows_reversed=rows_reversed)
         np.savez(Path(out_dir) / f"{name}.npz", **flat_weights(result))
 
 

@@ -33,16 +33,14 @@ def gradient_squares(grads) -> list[tf.Tensor]:
 
 
 def half_squares(grad) -> tf.Tensor:
-    """Half the sum of squares of ``grad``; an embedding's sparse gradient
-    (``IndexedSlices``, a row per lookup) is not made dense, a table-sized tensor every
-    step: its rows of one index are summed first, as the dense gradient sums them, so
-    the figure is the dense one's and non-finite exactly when that is. There are as
-    many sums as lookups (the unused ones zero): a size XLA knows."""
-    if not isinstance(grad, tf.IndexedSlices):
-        return tf.nn.l2_loss(grad)
-    _, rows = tf.unique(grad.indices)
-    lookups = tf.shape(grad.indices)[0]
-    return tf.nn.l2_loss(tf.math.unsorted_segment_sum(grad.values, rows, lookups))
+    """Half the sum of squares of ``grad``. An embedding's sparse gradient
+    (``IndexedSlices``) comes with its rows already summed per index (the step's
+    ``sparse_rows.summed_rows``, which the optimizer reads too): its rows' squares are
+    the dense gradient's, non-finite exactly when those are, and no table-sized tensor
+    is made."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.nn.l2_loss(grad.values)
+    return tf.nn.l2_loss(grad)
 
 
 def beat_checks(losses: Sequence[tf.Tensor], squares: Sequence[tf.Tensor]) -> tf.Tensor:

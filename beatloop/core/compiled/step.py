@@ -35,9 +35,10 @@ from beatloop.core.compiled.numerics import (
     no_checks,
 )
 from beatloop.core.compiled.randomness import new_operations
+from beatloop.core.compiled.sparse_rows import summed_rows
 from beatloop.core.compiled.user_code import call_user
 from beatloop.core.data.batches import leading_dimension
-from beatloop.core.devices.collectives import Gathering, all_gather, even_sparse
+from beatloop.core.devices.collectives import Gathering, all_gather
 from beatloop.core.devices.replicas import (
     declared,
     entry_weight,
@@ -206,7 +207,7 @@ class TrainStep:
                 )
             if self.probe is not None:
                 gradients = self.probe.seen(group, gradients, created)
-            gradients = [even_sparse(grads, size, self.gathering) for grads in gradients]
+            gradients = [summed_rows(grads, size, self.gathering) for grads in gradients]
             weight = entry_weight(random, since, batch_weight, f"entry {group.name!r}")
             figure = figure_size(size, share, batch_weight, weight)
             holds_now = self.asked(group, batch, random, (values, gradients, weight))
