@@ -13,6 +13,7 @@ from text_classifier import CLASSES, LENGTH, text_arrays, text_batches, text_cla
 
 import beatloop
 from beatloop.cli import main
+from beatloop.core.saving.op_determinism import set_for_run
 
 RTOL, ATOL = 1e-6, 1e-7  # bit-identical here; a few ulps of room on other CPUs
 
@@ -61,6 +62,7 @@ def test_text_classifier_of_named_inputs_matches_keras_fit(sums_in_program_order
     is given an optimizer that sums them too (the one difference, documented)."""
     reference, ours = twin()
     train, validation = text_batches(96, 16, seed=0), text_batches(48, 16, seed=1)
+    set_for_run(False)  # fit as users run it (an earlier test may have left it on)
     reference.compile(
         optimizer=SummedSparseAdamW(1e-2),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
