@@ -63,6 +63,12 @@ from beatloop.named_data.recorded import (
     warn_if_changed,
 )
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
+from beatloop.user_modules import (
+    recipe_module,
+    recorded_module,
+    refuse_while_importing,
+    registered_recipe,
+)
 
 
 def make_recipe(
@@ -202,6 +208,7 @@ def fit(
     same](checkpoints.md#when-the-bits-are-the-same); [simultaneous
     beats](schedules.md#simultaneous-beats-one-forward-several-updates)).
     """
+    refuse_while_importing("beatloop.fit")  # a module --import names trains when imported
     _check_counts(epochs, seed, op_determinism)
     if profile is not None:
         callbacks = [*callbacks, Profiler(profile)]
@@ -394,10 +401,12 @@ def evaluate(
 
 def _stored_record(run_path: Path, verb: str):
     """The run's latest readable record: a ``RunDirError`` when ``run_path`` is no
-    folder, a ``CheckpointError`` when it holds no checkpoint."""
+    folder, a ``CheckpointError`` when it holds no checkpoint, a ``RecipeNotFoundError``
+    naming the module ``run.json`` records when its recipe is not registered."""
     stored = latest_record(existing_run_dir(run_path, verb, written_by="fit's run_dir="))
     if stored is None:
         raise CheckpointError(f"{run_path} holds no readable checkpoint to {verb}")
+    registered_recipe(stored.recipe, recorded_module(run_path))
     return stored
 
 
@@ -590,6 +599,7 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int, facts=None) -> N
         checkpoint_every=engine.options.checkpoint_every,
         resumed_from=engine.run.resumed_from,
         updates=updates_by_beat(engine.parts.phased or (engine.bound,)),
+        recipe_module=recipe_module(type(engine.recipe)),  # named when it is not registered
         **facts,
         **_best_facts(engine),
     )

@@ -185,6 +185,7 @@ LAYERS = (
             "beatloop.tuning.*",
             "beatloop.listing",
             "beatloop.run_file",
+            "beatloop.user_modules",
             "beatloop.cli.*",
         ),
     ),
