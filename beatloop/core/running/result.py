@@ -9,11 +9,10 @@ from typing import Any
 import attrs
 import keras
 
-from beatloop.core.compiled.averaged import averaged_weights, evaluated_pairs
 from beatloop.core.compiled.binding import BoundSchedule
+from beatloop.core.events.export import export_models
 from beatloop.core.failures.errors import BeatloopError
 from beatloop.core.running.recipe import Recipe
-from beatloop.core.saving.run_dir import check_export_dir
 
 
 @attrs.frozen
@@ -92,18 +91,4 @@ class FitResult:
         SavedModel in ``out/NAME`` with a ``serve`` endpoint; return the paths. An
         evaluated average (``EMA(evaluated=True)``) is what is written, in its source's
         place."""
-        models = self.recipe.inference_models(self.bound.models)
-        if not models:
-            raise BeatloopError(
-                f"recipe {self.recipe.name!r} has no inference model to export in this "
-                "configuration (its result is what it saved in the run dir)"
-            )
-        check_export_dir(Path(out))
-        paths = {name: Path(out) / name for name in models}
-        for path in paths.values():
-            if path.exists() and any(path.iterdir()):
-                raise BeatloopError(f"{path} exists and is not empty; export to a new folder")
-        with averaged_weights(evaluated_pairs(self.bound.updates)):
-            for name, model in models.items():
-                model.export(str(paths[name]), format="tf_saved_model", verbose=False)
-        return paths
+        return export_models(self.recipe, self.bound, out)
