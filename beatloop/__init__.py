@@ -112,6 +112,7 @@ _EXPORTS = {
     "LabelRangeError": "beatloop.core.failures.errors",
     "ScheduleError": "beatloop.core.failures.errors",
     "RecipeNotFoundError": "beatloop.core.failures.errors",
+    "ModuleImportError": "beatloop.user_modules",
     "RegistrationError": "beatloop.core.failures.errors",
     "CallbackError": "beatloop.core.failures.errors",
     "NumericsError": "beatloop.core.failures.errors",
@@ -259,3 +260,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never executed
     )
     from beatloop.restoring import evaluate, restore
     from beatloop.tuning import TuneResult, tune
+    from beatloop.user_modules import ModuleImportError

@@ -187,6 +187,7 @@ def compare(
     data: str | None = None,
     data_settings: Sequence[str] = (),
     validation_data: str | None = None,
+    imports: Sequence[str] = (),
     timeout: float = 1800,
     echo=print,
 ) -> list[dict[str, Any]]:
@@ -196,6 +197,8 @@ def compare(
     entry (with several seeds: means, and 95% bootstrap intervals under ``intervals``).
     ``data`` (a ``KIND:PATH`` source, its ``data_settings`` and ``validation_data``, see
     ``beatloop.named_data.load.load_data``) replaces every recipe's built-in data.
+    ``imports``: modules (names or ``.py`` paths) imported here and in every run's
+    process before its recipe is looked up (``--import``: recipes of the user's own).
 
     ``echo`` is handed a line as each run starts: ``run I/N: LABEL, seed S, in RUN_DIR``
     (I counting every run of the comparison). A run that fails ends its entry: the
@@ -204,7 +207,10 @@ def compare(
     curves of the entries that finished are written, then ``ComparisonFailed`` is
     raised, holding those entries' rows and each failure."""
     from beatloop.core.failures.errors import ConfigError
+    from beatloop.user_modules import as_given_to_children, import_modules
 
+    imports = as_given_to_children(imports)
+    import_modules(imports)
     for option, value in (("--seeds", seeds), ("--jobs", jobs), ("--repeats", repeats)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{option} must be a whole number >= 1, got {value!r}")
@@ -232,6 +238,7 @@ def compare(
                     "data": data,
                     "data_settings": list(data_settings),
                     "validation_data": validation_data,
+                    "imports": list(imports),
                 }
                 timing = f", timing run {repeat + 1}/{repeats}" if repeats > 1 else ""
                 what = (
@@ -490,7 +497,9 @@ def run_one(spec: Mapping[str, Any]) -> dict[str, Any]:
     import beatloop
     from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe
+    from beatloop.user_modules import import_modules
 
+    import_modules(spec.get("imports", ()))
     cls = get_recipe(spec["recipe"])
     overrides = parse_settings(spec["settings"], cls.Config, f"recipe {cls.name!r}")
     timer = beatloop.TrainingTimer()

@@ -54,6 +54,10 @@ from beatloop.named_data.recorded import (
     data_facts,
 )
 from beatloop.plugins.registry import check_recipe_class, get_recipe, registry
+from beatloop.user_modules import (
+    recipe_module,
+    refuse_while_importing,
+)
 
 
 def make_recipe(
@@ -193,6 +197,7 @@ def fit(
     same](checkpoints.md#when-the-bits-are-the-same); [simultaneous
     beats](schedules.md#simultaneous-beats-one-forward-several-updates)).
     """
+    refuse_while_importing("beatloop.fit")  # a module --import names trains when imported
     _check_counts(epochs, seed, op_determinism)
     if profile is not None:
         callbacks = [*callbacks, Profiler(profile)]
@@ -436,6 +441,7 @@ def _write_run_json(run_dir: Path, engine: Engine, epochs: int, facts=None) -> N
         checkpoint_every=engine.options.checkpoint_every,
         resumed_from=engine.run.resumed_from,
         updates=updates_by_beat(engine.parts.phased or (engine.bound,)),
+        recipe_module=recipe_module(type(engine.recipe)),  # named when it is not registered
         **facts,
         **_best_facts(engine),
     )

@@ -45,6 +45,7 @@ from beatloop.named_data.recorded import (
     warn_if_changed,
 )
 from beatloop.plugins.registry import get_recipe, registry
+from beatloop.user_modules import recorded_module, registered_recipe
 
 
 def restore(
@@ -114,10 +115,12 @@ def evaluate(
 
 def _stored_record(run_path: Path, verb: str):
     """The run's latest readable record: a ``RunDirError`` when ``run_path`` is no
-    folder, a ``CheckpointError`` when it holds no checkpoint."""
+    folder, a ``CheckpointError`` when it holds no checkpoint, a ``RecipeNotFoundError``
+    naming the module ``run.json`` records when its recipe is not registered."""
     stored = latest_record(existing_run_dir(run_path, verb, written_by="fit's run_dir="))
     if stored is None:
         raise CheckpointError(f"{run_path} holds no readable checkpoint to {verb}")
+    registered_recipe(stored.recipe, recorded_module(run_path))
     return stored
 
 

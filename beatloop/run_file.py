@@ -4,11 +4,14 @@ RUN_DIR/run.json`` (a recorded run, replayed).
 A run file holds what the ``run`` command's flags say, under the flags' names with
 underscores (``steps_per_execution = 32``, ``data = "csv:table.csv"``), plus ``recipe``,
 a ``[config]`` table of the recipe's fields, ``callbacks = ["csv"]``, a ``[models]``
-table (``teacher = "teacher.keras"``) and a ``[data_set]`` table of the data source's
-parameters. The command's own flags override the file, and ``--set`` overrides its
-``[config]``. A recorded ``run.json`` gives its recipe, config, seed, epochs, precision,
+table (``teacher = "teacher.keras"``), a ``[data_set]`` table of the data source's
+parameters and ``import = ["my_pkg.recipes"]``, the modules to import first (as
+``--import``: the command imports them before it looks the recipe up). The command's own
+flags override the file, and ``--set`` overrides its ``[config]``; ``--import`` adds to
+its ``import``. A recorded ``run.json`` gives its recipe, config, seed, epochs, precision,
 steps per execution, checkpoint interval, ``--keep-best`` figure and the data named on
-the command line: the same run again, bit for bit.
+the command line: the same run again, bit for bit. It imports nothing: the module its
+recipe came from (``recipe_module``) is only named when the recipe is not registered.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ class RunFile:
     options: dict = attrs.field(factory=dict)
     #: A recorded ``run.json`` (its config is its recipe's, whole), not a TOML run file.
     recorded: bool = False
+    #: The module a recorded run's recipe came from (``run.json``'s ``recipe_module``).
+    recipe_module: str | None = None
+
+    @property
+    def imports(self) -> list[str]:
+        """The modules the file's ``import = [...]`` names, to import before the recipe
+        is looked up."""
+        return list(self.options.get("imports", []))
 
     def refuse_other_recipe(self, name: str | None, fields: Callable[[], Collection[str]]) -> None:
         """Refuse the recipe ``name`` given on the command line where the file's config
@@ -93,7 +104,9 @@ def _recorded(path: Path, text: str, options: Mapping[str, Any]) -> RunFile:
     source = record.get("data_source")  # the data named on the command line, if any
     if isinstance(source, dict):
         values.update({k: v for k, v in source.items() if v not in (None, [])})
-    return attrs.evolve(_run_file(path, values, options), recorded=True)
+    module = record.get("recipe_module")
+    module = module if isinstance(module, str) else None
+    return attrs.evolve(_run_file(path, values, options), recorded=True, recipe_module=module)
 
 
 def _run_file(path: Path, values: Mapping[str, Any], options: Mapping[str, Any]) -> RunFile:
@@ -106,10 +119,11 @@ def _run_file(path: Path, values: Mapping[str, Any], options: Mapping[str, Any])
         raise ConfigError(f"{path}: [config] expects a table of config fields, got {config!r}")
     checked, problems = {}, []
     for key, value in values.items():
-        name = {"callbacks": "callback", "models": "model"}.get(key, key)
+        name = {"callbacks": "callback", "models": "model", "import": "imports"}.get(key, key)
         action = options.get(name)
-        if action is None or name in ("config", "set", "recipe", "verbose"):
-            known = sorted({*options, "callbacks", "models"} - {"callback", "model", "set"})
+        if action is None or name in ("config", "set", "recipe", "verbose") or key == "imports":
+            keys = {*options, "callbacks", "models", "import"}
+            known = sorted(keys - {"callback", "model", "set", "imports"})
             problems.append(f"unknown key {key!r}{did_you_mean(key, known)}")
             continue
         try:
@@ -126,6 +140,13 @@ def _checked(key: str, value: Any, action) -> Any:
     if key == "callbacks":
         if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"'callbacks' expects a list of callback names, got {value!r}")
+        return value
+    if key == "import":
+        if not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+            raise ConfigError(
+                "'import' expects a list of module names or .py paths (import = "
+                f'["my_pkg.recipes"]), got {value!r}'
+            )
         return value
     if key == "data_set":  # a table of the data source's parameters, or NAME=VALUE texts
         if isinstance(value, dict):

@@ -186,6 +186,7 @@ LAYERS = (
             "beatloop.tuning.*",
             "beatloop.listing",
             "beatloop.run_file",
+            "beatloop.user_modules",
             "beatloop.cli.*",
         ),
     ),

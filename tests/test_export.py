@@ -1,10 +1,13 @@
 """Exporting a run's inference models as SavedModels that reload and give the same
 outputs."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import dict_batches, gan_data, tuple_batches
+from helpers import all_weights, assert_same_weights, dict_batches, gan_data, tuple_batches
 
 import beatloop
 
@@ -35,6 +38,42 @@ def test_gan_exports_its_generator(tmp_path):
     served = loaded.serve(noise)
     expected = result.models["generator"](noise, training=False)
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
+class ExportAtTheEnd(beatloop.Callback):
+    """At the run's end, exports the best epoch's models as the run's own process can
+    (``Run.export`` with the best checkpoint's weights), after a checkpoint it lacks."""
+
+    def __init__(self, out):
+        self.out, self.paths, self.refused = out, None, None
+
+    def on_fit_end(self, run, logs):
+        before = all_weights(run.models)
+        with pytest.raises(beatloop.CheckpointError) as refused:
+            run.export(self.out, checkpoint="ckpt-99")
+        self.refused = str(refused.value)
+        assert_same_weights(all_weights(run.models), before)
+        best = json.loads((Path(run.run_dir) / "run.json").read_text())["best"]
+        self.paths = run.export(self.out, checkpoint=best["checkpoint"])
+
+
+def test_a_run_exports_a_checkpoints_weights_and_keeps_its_own(tmp_path):
+    """``Run.export(out, checkpoint=...)`` writes what ``restore(best=True).export``
+    writes, the evaluated average included, and leaves the run's weights as they were."""
+    at_end = ExportAtTheEnd(tmp_path / "at_end")
+    run_dir = tmp_path / "run"
+    result = beatloop.fit("supervised", epochs=3, seed=0, run_dir=run_dir, progress=False,
+                          config={"batch_size": 256, "ema_decay": 0.9}, callbacks=[at_end],
+                          keep_best="val_loss:max")  # fmt: skip
+    assert "ckpt-99 could not be read" in at_end.refused
+    assert_same_weights(all_weights(result.models), all_weights(beatloop.restore(run_dir).models))
+    reference = beatloop.restore(run_dir, best=True).export(tmp_path / "reference")
+    x = tf.random.stateless_normal((6, 64), seed=(3, 4))
+    written = tf.saved_model.load(str(at_end.paths["model"]))
+    expected = tf.saved_model.load(str(reference["model"]))
+    np.testing.assert_allclose(written.serve(x), expected.serve(x), rtol=1e-6, atol=1e-6)
+    latest = tf.saved_model.load(str(result.export(tmp_path / "latest")["model"]))
+    assert not np.allclose(written.serve(x), latest.serve(x))  # another epoch's weights
 
 
 def test_multitask_exports_one_model_with_every_head(small_digits, tmp_path):

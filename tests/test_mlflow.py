@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import find_block, python_blocks
+from helpers import all_weights, assert_same_weights, find_block, python_blocks
 from mlflow.tracking import MlflowClient
 
 import beatloop
@@ -26,6 +26,7 @@ from beatloop.callbacks.mlflow import MlflowLogger, TrackingWarning
 from beatloop.cli import main
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry, registry
+from beatloop.recipes.supervised import Supervised
 
 SMALL = {"batch_size": 256}
 
@@ -273,7 +274,6 @@ def test_tune_takes_callbacks_by_name_and_refuses_an_unknown_one_before_any_tria
     assert "'callbacks' expects a list of callback names" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_the_best_epochs_models_are_logged_as_export_writes_them(tmp_path, empty_store):
     uri = store_near(tmp_path, empty_store)
     logger = MlflowLogger()
@@ -285,6 +285,41 @@ def test_the_best_epochs_models_are_logged_as_export_writes_them(tmp_path, empty
     (model,) = client.list_artifacts(logger.run_id, "best")
     inside = {f.path for f in client.list_artifacts(logger.run_id, model.path)}
     assert f"{model.path}/saved_model.pb" in inside
+
+
+def test_the_best_epoch_of_a_recipe_registered_in_a_script_is_exported_by_the_run(
+    tmp_path, empty_store, monkeypatch
+):
+    """The process that trained writes the best epoch's SavedModel: a recipe registered
+    only there (no other process could rebuild the run) is exported, not logged as a raw
+    checkpoint; the model is the best epoch's, and the run ends with its own weights."""
+
+    class Scripted(Supervised):
+        """Registered in this process alone."""
+
+        name = "scripted_for_mlflow"
+
+    monkeypatch.setattr(Scripted, "__module__", "__main__")
+    monkeypatch.setattr(registry_module, "_REGISTRY", Registry(load_entry_points=False))
+    beatloop.register(Scripted)
+    uri = store_near(tmp_path, empty_store)
+    logger, run_dir = MlflowLogger(experiment="scripted"), tmp_path / "scripted"
+    result = beatloop.fit("scripted_for_mlflow", epochs=3, seed=3, config=SMALL, run_dir=run_dir,
+                          progress=False, callbacks=[logger], keep_best="val_loss:max")  # fmt: skip
+    best = json.loads((run_dir / "run.json").read_text())["best"]
+    assert best["epoch"] < 3  # the worst validation loss: not the last epoch's weights
+    client = MlflowClient(uri)
+    tags = client.get_run(logger.run_id).data.tags
+    assert "beatloop.best_export" not in tags
+    assert client.list_artifacts(logger.run_id, "best_checkpoint") == []
+    served = tf.saved_model.load(
+        client.download_artifacts(logger.run_id, "best/model", str(tmp_path))
+    )
+    x = tf.random.stateless_normal((5, 64), seed=(1, 2))
+    at_best = beatloop.restore(run_dir, best=True).models["model"](x, training=False)
+    np.testing.assert_allclose(served.serve(x), at_best, rtol=1e-6, atol=1e-6)
+    latest = beatloop.restore(run_dir).models
+    assert_same_weights(all_weights(result.models), all_weights(latest))
 
 
 def test_the_tracking_page_block_runs(tmp_path, empty_store, monkeypatch):

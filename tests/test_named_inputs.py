@@ -205,7 +205,8 @@ def test_a_resume_on_other_named_inputs_names_the_path(tmp_path):
 def text_csv(path, count=64):
     features, labels = text_arrays(count)
     rows = ["first,second,length,label"]
-    for tokens, mask, label in zip(features["token_ids"], features["padding_mask"], labels):
+    columns = (features["token_ids"], features["padding_mask"], labels)
+    for tokens, mask, label in zip(*columns, strict=True):
         rows.append(f"{tokens[0]},{tokens[1]},{mask.mean():.2f},{label}")
     path.write_text("\n".join(rows) + "\n")
     return path

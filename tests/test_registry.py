@@ -5,6 +5,7 @@ import sys
 import textwrap
 import warnings
 
+import keras
 import pytest
 import tensorflow as tf
 from helpers import BUILT_IN_RECIPES, run_python
@@ -326,3 +327,104 @@ def test_a_recipe_registered_in_a_script_or_module_is_named_by_where(monkeypatch
     assert registry.describe_origin("ported_recipe") == (
         "recipe 'ported_recipe' (registered in the interactive session)"
     )
+
+
+def test_optimizers_that_raise_or_are_no_dict_are_refused_and_eager_code_is_not():
+    """Registration calls the recipe's methods in a throwaway graph (no variable made):
+    what it refused before it refuses still, and code that needs eager tensors is
+    called again eagerly rather than refused."""
+
+    class Raising(Supervised):
+        name = "raising"
+
+        def build_optimizers(self):
+            raise RuntimeError("no optimizer today")
+
+    class Listed(Supervised):
+        name = "listed"
+
+        def build_optimizers(self):
+            return [keras.optimizers.Adam()]
+
+    class Eager(Supervised):
+        name = "eager"
+
+        def build_optimizers(self):
+            rate = tf.constant(0.01).numpy()  # raises in a graph: a symbolic tensor
+            return {"optimizer": keras.optimizers.Adam(float(rate))}
+
+    registry = Registry(load_entry_points=False)
+    with pytest.raises(RegistrationError) as raised:
+        registry.register(Raising)
+    assert "build_optimizers() fails on the default config: RuntimeError: no optimizer" in str(
+        raised.value
+    )
+    with pytest.raises(RegistrationError) as raised:
+        registry.register(Listed)
+    assert "build_optimizers() must return a dict of optimizers, got list" in str(raised.value)
+    assert registry.register(Eager) is Eager
+
+
+#: A script that registers a recipe at module level and looks recipes up, then gives
+#: TensorFlow two logical CPU devices and trains the recipe on both.
+REGISTERED_THEN_DEVICES = '''
+import sys
+import attrs, keras, numpy as np, tensorflow as tf
+import beatloop
+
+
+@attrs.frozen
+class Config:
+    rate: float = 0.01
+
+
+class Squares(beatloop.Recipe):
+    """A regression on 4 inputs."""
+
+    name = "squares"
+    Config = Config
+    batch_keys = {"x": 2, "y": 2}
+
+    def build_models(self, spec):
+        return {"m": keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])}
+
+    def build_optimizers(self):
+        decay = keras.optimizers.schedules.ExponentialDecay(self.config.rate, 10, 0.9)
+        return {"adam": keras.optimizers.Adam(decay)}
+
+    def losses(self):
+        return {"mse": self.mse}
+
+    def mse(self, models, batch):
+        return tf.reduce_mean(tf.square(models["m"](batch["x"]) - batch["y"]))
+
+    def schedule(self):
+        return beatloop.Schedule(beatloop.Beat(loss="mse", optimizer="adam", updates="m"))
+
+
+beatloop.register(Squares)
+from beatloop.plugins.registry import registry
+assert "supervised" in beatloop.recipes() and "squares" in beatloop.recipes()
+assert registry().recipe("gan").origin == "built-in"
+assert beatloop.get_recipe("squares") is Squares
+beatloop.make_recipe("squares", {"rate": 0.02}).schedule().describe()
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+data = tf.data.Dataset.from_tensor_slices({"x": x, "y": x.sum(1, keepdims=True)}).batch(16)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+result = beatloop.fit("squares", data=data, epochs=2, seed=0, strategy=strategy, progress=False)
+losses = result.history["mse"]
+print(strategy.num_replicas_in_sync, result.steps, losses[-1] < losses[0])
+'''
+
+
+@pytest.mark.slow
+def test_registering_and_looking_up_leave_the_devices_to_configure(tmp_path):
+    """A script's ``beatloop.register`` at module level, the registry loaded with the
+    built-in plugin, ``recipes()``, ``get_recipe`` and ``make_recipe`` initialise none of
+    TensorFlow's devices: the script then sets up two logical CPUs (which fails once they
+    are initialised) and trains the recipe on them under a ``MirroredStrategy``."""
+    script = tmp_path / "squares.py"
+    script.write_text(REGISTERED_THEN_DEVICES)
+    assert run_python(script).split() == ["2", "8", "True"]

@@ -8,9 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -35,7 +32,8 @@ class MlflowLogger(Callback):
     step = the epoch counted from 1 (``history.jsonl``'s numbering), the schedule
     (``schedule.txt`` and the run's description), and at the end ``run.json``, the run
     dir's pictures and, with ``keep_best``, the best epoch's models as ``beatloop export
-    --best`` writes them (``log_best=False``: not; each costs a process rebuilding the run).
+    --best`` writes them, written by this process from the best checkpoint's weights
+    (``log_best=False``: not).
 
     The store: ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the SQLite file
     ``mlflow/mlflow.db`` in the run dir's parent folder, so every run under ``runs/`` (and
@@ -192,11 +190,12 @@ class MlflowLogger(Callback):
             self.on_epoch_end(run, epoch, logs)
 
     def _log_best(self, run: Run) -> None:
-        """The best epoch's models (``keep_best``), exported by ``beatloop export RUN_DIR
-        OUT --best`` in a process of its own (the run rebuilt there, this process's
-        seeds and memory untouched), as ``best/``; where the run cannot be rebuilt there
-        (data given in memory, a recipe registered in a script), the best checkpoint's
-        files as ``best_checkpoint/``."""
+        """The best epoch's models (``keep_best``) as ``best/``, as ``beatloop export
+        --best`` writes them: written here, by the process that trained (it has the
+        recipe, registered in a script or not), from the live models with the best
+        checkpoint's weights, its own put back after (``Run.export``). Where they cannot
+        be written (a recipe with no inference model), the best checkpoint's files as
+        ``best_checkpoint/``, and the tag ``beatloop.best_export`` says why."""
         best = _recorded(run).get("best")
         if not isinstance(best, dict) or not best.get("checkpoint"):
             return
@@ -204,14 +203,14 @@ class MlflowLogger(Callback):
         self._client.set_tag(self.run_id, "beatloop.best", summary)
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "best"
-            command = [sys.executable, "-m", "beatloop", "export", str(run.run_dir), str(out)]
-            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-            done = subprocess.run([*command, "--best"], capture_output=True, text=True, env=env)
-            if done.returncode == 0:
+            try:
+                run.export(out, checkpoint=best["checkpoint"])
+            except Exception as error:  # whatever writing it raised: the files instead
+                why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+            else:
                 self._client.log_artifacts(self.run_id, str(out), "best")
                 return
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        self._client.set_tag(self.run_id, "beatloop.best_export", f"not exported: {why}")
+        self._client.set_tag(self.run_id, "beatloop.best_export", f"not exported: {why}"[:5000])
         checkpoints = Path(run.run_dir) / "checkpoints"
         for path in sorted(checkpoints.glob(f"{best['checkpoint']}.*")):
             self._client.log_artifact(self.run_id, str(path), "best_checkpoint")

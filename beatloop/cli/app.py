@@ -24,19 +24,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(command, args) -> int:
-    """``command.run(args)`` in the terminal set-up the options ask for. ``list`` imports
-    TensorFlow on a cache miss only; a command whose ``without_tensorflow(args)`` says
-    so (``run --workers N`` starting its workers) not at all."""
+    """``command.run(args)`` in the terminal set-up the options ask for, after the
+    modules ``--import`` names. ``list`` imports TensorFlow on a cache miss only (or for
+    a module to import); a command whose ``without_tensorflow(args)`` says so (``run
+    --workers N`` starting its workers, which import the modules themselves) not at all."""
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
+    from beatloop.user_modules import import_modules
 
+    without = getattr(command, "without_tensorflow", None)
+    launcher = without is not None and without(args)
     if args.verbose:
         from beatloop.core.feeding import grappler_lines
 
         with grappler_lines.shown():
+            import_modules([] if launcher else args.imports)
             return command.run(args)
-    without = getattr(command, "without_tensorflow", None)
-    if command.NAME == "list" or (without is not None and without(args)):
+    if launcher or (command.NAME == "list" and not args.imports):
         return command.run(args)
     import_tensorflow_quietly()
     with one_line_warnings():
+        import_modules(args.imports)
         return command.run(args)

@@ -78,8 +78,10 @@ def run(args) -> int:
     from beatloop.compare_report import format_table
     from beatloop.core.failures.errors import ConfigError
     from beatloop.plugins.registry import get_recipe
+    from beatloop.user_modules import import_modules
 
     tokens, options = _trailing_options(args)
+    import_modules(args.imports)  # those given after the entries too (the others: done)
     data_option(args)  # --validation-data or --data-set without --data fails here
     try:
         entries = parse_entries(tokens)
@@ -109,6 +111,7 @@ def run(args) -> int:
             data=args.data,
             data_settings=tuple(args.data_set),
             validation_data=args.validation_data,
+            imports=args.imports,
         )
     except ComparisonFailed as error:  # the entries that finished, then what failed
         rows, failed = error.rows, error
@@ -126,7 +129,8 @@ def run(args) -> int:
 
 def _trailing_options(args) -> tuple[list[str], dict]:
     """The recipe entries, and the options given after them (argparse leaves those in
-    the entries); ``--data``, ``--validation-data`` and ``--data-set`` go into ``args``."""
+    the entries); ``--data``, ``--validation-data``, ``--data-set`` and ``--import`` go
+    into ``args``."""
     from beatloop.core.failures.errors import ConfigError
 
     tokens, options = list(args.entries), {}
@@ -140,12 +144,14 @@ def _trailing_options(args) -> tuple[list[str], dict]:
             except ValueError:
                 raise ConfigError(f"{flag} expects a number, got {tokens[at + 1]!r}") from None
             del tokens[at : at + 2]
-    while "--data-set" in tokens:
-        at = tokens.index("--data-set")
-        if at + 1 >= len(tokens):
-            raise ConfigError("--data-set needs NAME=VALUE")
-        args.data_set.append(tokens[at + 1])
-        del tokens[at : at + 2]
+    for flag, into, what in (("--data-set", args.data_set, "NAME=VALUE"),
+                             ("--import", args.imports, "MODULE")):  # fmt: skip
+        while flag in tokens:
+            at = tokens.index(flag)
+            if at + 1 >= len(tokens):
+                raise ConfigError(f"{flag} needs {what}")
+            into.append(tokens[at + 1])
+            del tokens[at : at + 2]
     args.data = options.get("data", args.data)
     args.validation_data = options.get("validation-data", args.validation_data)
     return tokens, options

@@ -45,8 +45,8 @@ def _add_what_runs(run: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="a TOML run file (recipe, epochs, seed, [config], callbacks, options), or a "
-        "run dir's run.json to run that run again; flags given here override it "
+        help="a TOML run file (recipe, epochs, seed, [config], callbacks, import, options), "
+        "or a run dir's run.json to run that run again; flags given here override it "
         "(default: flags only)",
     )
     run.add_argument("--epochs", type=int, default=1, help="epochs in all (a resume included)")
@@ -204,11 +204,12 @@ def run(args) -> int:
     from beatloop.cli.run_parts import model_paths, resume_notice, strategy
     from beatloop.core.schedule.config import make_config, parse_settings
     from beatloop.fitting import fit
-    from beatloop.plugins.registry import get_recipe, registry
+    from beatloop.plugins.registry import registry
+    from beatloop.user_modules import registered_recipe
 
-    args, file_config = _with_run_file(args)
-    chosen = strategy(args.strategy)  # before any op: the registry's checks build optimizers
-    cls = get_recipe(args.recipe)
+    args, file_config, recorded_module = _with_run_file(args)
+    chosen = strategy(args.strategy)  # before the recipe's own code runs any op
+    cls = registered_recipe(args.recipe, recorded_module)
     owner = f"recipe {cls.name!r}"
     overrides = {**file_config, **parse_settings(args.set, cls.Config, owner)}
     make_config(cls.Config, overrides, owner)  # a bad field fails here, before anything runs
@@ -252,27 +253,35 @@ def _print_result(args, name: str, result, run_dir: Path) -> None:
         print(f"{artifact}: {path}")
 
 
-def _with_run_file(args) -> tuple[argparse.Namespace, dict]:
+def _with_run_file(args) -> tuple[argparse.Namespace, dict, str | None]:
     """The run's options: the flags given, over the run file's values (``--config``),
-    over the flags' defaults; and the run file's config fields (``--set`` overrides
-    them). Without ``--config``: the flags, and no fields."""
+    over the flags' defaults; the run file's config fields (``--set`` overrides them);
+    and, for a recorded ``run.json`` of the recipe run, the module it records the recipe
+    came from (named, never imported, when the recipe is not registered). The modules the
+    file's ``import = [...]`` names are imported first (``--import``'s already are).
+    Without ``--config``: the flags, no fields, no module."""
     from beatloop.core.failures.errors import ConfigError
     from beatloop.run_file import read_run_file
+    from beatloop.user_modules import import_modules
 
-    merged, fields = vars(args).copy(), {}
+    merged, fields, recorded = vars(args).copy(), {}, None
     if args.config is not None:
         run_file = read_run_file(args.config, _run_file_options())
+        import_modules(run_file.imports, f"{args.config}: import")
         run_file.refuse_other_recipe(args.recipe, lambda: _field_names(args.recipe))
         given = _given_options(args.argv)
         merged.update({k: v for k, v in run_file.options.items() if k not in given})
+        merged["imports"] = [*run_file.imports, *args.imports]
         merged["recipe"] = args.recipe or run_file.recipe
         fields = run_file.config
+        if run_file.recorded and merged["recipe"] == run_file.recipe:
+            recorded = run_file.recipe_module
     if merged["recipe"] is None:
         raise ConfigError(
             "run needs a recipe: name it (beatloop run RECIPE) or give `recipe = ...` in "
             "--config FILE"
         )
-    return argparse.Namespace(**merged), fields
+    return argparse.Namespace(**merged), fields, recorded
 
 
 def _recipe_name(args) -> str | None:

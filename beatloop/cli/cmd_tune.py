@@ -40,8 +40,8 @@ def add_command(commands) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="a TOML file: recipe, the options below by name, [space] (FIELD = "
-        '"log:1e-4:1e-1") and [config] (fixed fields)',
+        help="a TOML file: recipe, the options below by name, import (modules), [space] "
+        '(FIELD = "log:1e-4:1e-1") and [config] (fixed fields)',
     )
     tune.add_argument(
         "--space",
@@ -103,6 +103,7 @@ def run(args) -> int:
     settings = [*values.pop("set", []), *args.set]
     data_settings = [*values.pop("data_set", []), *args.data_set]
     callbacks = [*values.pop("callbacks", []), *args.callback]
+    imports = [*values.pop("import", []), *args.imports]
     for name in DEFAULTS:
         given = getattr(args, name)
         values[name] = given if given is not None else values.get(name, DEFAULTS[name])
@@ -114,6 +115,7 @@ def run(args) -> int:
         settings=settings,
         data_settings=data_settings,
         callbacks=callbacks,
+        imports=imports,
         **values,
     )
     print()
@@ -137,7 +139,7 @@ def _from_file(path: Path) -> dict:
         values = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path} is not valid TOML: {error}") from None
-    known = {"recipe", "space", "config", "data_set", "callbacks", *DEFAULTS}
+    known = {"recipe", "space", "config", "data_set", "callbacks", "import", *DEFAULTS}
     unknown = [f"{k!r}{did_you_mean(k, known)}" for k in values if k not in known]
     if unknown:
         raise ConfigError(
@@ -152,6 +154,11 @@ def _from_file(path: Path) -> dict:
     named = values.get("callbacks", [])
     if not isinstance(named, list) or not all(isinstance(name, str) for name in named):
         raise ConfigError(f"{path}: 'callbacks' expects a list of callback names, got {named!r}")
+    modules = values.get("import", [])
+    if not isinstance(modules, list) or not all(isinstance(name, str) for name in modules):
+        raise ConfigError(
+            f"{path}: 'import' expects a list of module names or .py paths, got {modules!r}"
+        )
     for key in ("trials", "epochs", "seed", "jobs"):
         if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool)):
             raise ConfigError(f"{path}: {key!r} expects an integer, got {values[key]!r}")

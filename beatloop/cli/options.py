@@ -1,5 +1,5 @@
 """What several commands share: the help format (defaults shown, the exit code table
-kept), ``--verbose``, ``--set``, ``--steps-per-execution`` and the data options, and
+kept), ``--verbose``, ``--import``, ``--set``, ``--steps-per-execution`` and the data options, and
 the ``data=`` that ``--data`` asks ``fit`` for."""
 
 from __future__ import annotations
@@ -30,12 +30,22 @@ def exit_codes() -> str:
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """``--verbose``, which every command takes."""
+    """``--verbose`` and ``--import``, which every command takes."""
     parser.add_argument(
         "--verbose",
         "-v",
         action="store_true",
         help="also TensorFlow's own log lines, and the traceback of an error",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module first, for the recipes, callbacks and data sources it "
+        "registers: a dotted name importable from the current directory (my_pkg.recipes) "
+        "or a .py file's path, imported under its own name, not as __main__ (repeatable)",
     )
 
 

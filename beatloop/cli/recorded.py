@@ -21,15 +21,16 @@ def existing_run_dir(run_dir: Path, verb: str) -> Path:
 
 def recorded_recipe(run_dir: Path, verb: str):
     """The run's record (latest readable checkpoint) and its recipe, configured as it
-    was; a ``CheckpointError`` when there is none to ``verb``."""
+    was; a ``CheckpointError`` when there is none to ``verb``, a ``RecipeNotFoundError``
+    naming the module its ``run.json`` records when the recipe is not registered."""
     from beatloop.core.failures.errors import CheckpointError
     from beatloop.core.saving.checkpoints import latest_record
     from beatloop.fitting import make_recipe
-    from beatloop.plugins.registry import get_recipe
     from beatloop.restoring import config_overrides
+    from beatloop.user_modules import recorded_module, registered_recipe
 
     record = latest_record(run_dir)
     if record is None:
         raise CheckpointError(f"{run_dir} holds no readable checkpoint to {verb}")
-    cls = get_recipe(record.recipe)
+    cls = registered_recipe(record.recipe, recorded_module(run_dir))
     return record, make_recipe(cls, config_overrides(cls, record.config))

@@ -33,6 +33,27 @@ CLI_SPELLINGS = (
         "pass --accept-changed-data (accept_changed_data=True in Python)",
     ),
     (
+        re.compile(r"\bregistered in module (\S+): import that module first\b"),
+        r"registered in module \1: pass --import \1",
+    ),
+    (
+        re.compile(r"\bregistered in script (\S+): register it in this process first \([^)]*\)"),
+        r"registered in script \1: pass --import \1 if that script trains only under "
+        r'if __name__ == "__main__": (importing it runs the rest), or move the recipe into a '
+        r"module of its own and pass --import MODULE",
+    ),
+    (
+        re.compile(
+            r"\bregistered in an interactive session: register it in this process first \([^)]*\)"
+        ),
+        "registered in an interactive session: move it into a module of its own and pass "
+        "--import MODULE",
+    ),
+    (
+        re.compile(r"^(no recipe named '[^']*'; known recipes: .*)$", re.DOTALL),
+        r"\1; for a recipe of your own, pass --import MODULE (the module that registers it)",
+    ),
+    (
         re.compile(r"\bpass steps_per_epoch=N\b"),
         "end it, or pass steps_per_epoch=N to beatloop.fit in Python (the command line "
         "reads data sources to their end)",

@@ -13,11 +13,13 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pluggy
+import tensorflow as tf
 
 from beatloop.core.data import environment_lookup
 from beatloop.core.data.environment import Environment
@@ -94,7 +96,7 @@ def _refuse_problems(kind: str, cls: object, base: type, origin: str, build_conf
         problems.append(f"it lacks a `Config` that is an attrs class (found {cls.Config!r})")
     elif build_config:
         try:
-            cls.Config()
+            _graph_first(cls.Config)
         except Exception as error:
             problems.append(f"its default config cannot be built: {_described(error)}")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
@@ -113,11 +115,13 @@ def _refuse_problems(kind: str, cls: object, base: type, origin: str, build_conf
 def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
     """Build the recipe's default config, schedule, losses and optimizers (no models, no
     data) so a schedule that cannot work fails at registration, not at training time.
-    Methods in ``missing`` are skipped (a throwaway subclass stands in for them)."""
+    Methods in ``missing`` are skipped (a throwaway subclass stands in for them). Each
+    call runs in a throwaway graph first (``_graph_first``): registering makes no
+    variable and leaves TensorFlow's devices as they were."""
     try:
         stubs = dict.fromkeys(missing, _not_implemented)
         stand_in = type(cls.__name__, (cls,), stubs) if missing else cls
-        recipe = stand_in(cls.Config())
+        recipe = _graph_first(lambda: stand_in(cls.Config()))
     except Exception as error:
         return [f"its default config cannot be built: {_described(error)}"]
     parts, problems = {}, []
@@ -125,7 +129,7 @@ def _default_problems(cls: type[Recipe], missing: list[str]) -> list[str]:
         if method in missing:
             continue
         try:
-            parts[method] = getattr(recipe, method)()
+            parts[method] = _graph_first(getattr(recipe, method))
         except Exception as error:
             problems.append(f"{method}() fails on the default config: {_described(error)}")
     schedule = parts.get("schedule")
@@ -163,6 +167,20 @@ def _unknown_names(schedule: Schedule, defined: Mapping, method: str, kind: str)
                 f"(defined: {', '.join(defined) or 'none'})"
             )
     return problems
+
+
+def _graph_first(call: Callable[[], Any]) -> Any:
+    """``call()`` in a throwaway graph, where the optimizers and variables it makes are
+    nodes that never run: eagerly, a Keras optimizer's variables would initialise
+    TensorFlow's devices, and a script could no longer configure them (logical devices
+    for a ``MirroredStrategy``) after registering a recipe. Code that needs eager tensors
+    (a tensor's ``.numpy()``) raises in a graph: it is called again eagerly, as it always
+    was, and only what it raises then counts."""
+    try:
+        with tf.Graph().as_default():
+            return call()
+    except Exception:
+        return call()
 
 
 def _not_implemented(*args, **kwargs):

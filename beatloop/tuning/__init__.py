@@ -58,6 +58,7 @@ def tune(
     data_settings: Sequence[str] = (),
     validation_data: str | None = None,
     callbacks: Sequence[str] = (),
+    imports: Sequence[str] = (),
     echo: Callable[[str], None] = print,
 ) -> TuneResult:
     """Search ``space`` (``["learning_rate=log:1e-4:1e-1"]`` or ``{"learning_rate":
@@ -66,7 +67,10 @@ def tune(
     once, each in its own process and run dir under ``out``. A study already in the
     storage continues: a trial a killed command left resumes from its checkpoint.
     ``callbacks``: registered callbacks each trial runs, by name; with ``"mlflow"`` the
-    study is an MLflow run and each trial's run is nested in it ([Tracking](tracking.md))."""
+    study is an MLflow run and each trial's run is nested in it ([Tracking](tracking.md)).
+    ``imports``: modules (names or ``.py`` paths) imported here and in every trial's
+    process before the recipe is looked up, for a recipe (or callback) of your own:
+    a trial's process sees only what installed plugins and these modules register."""
     from beatloop.core.failures.errors import ConfigError, RunDirError
     from beatloop.core.schedule.config import parse_settings
     from beatloop.plugins.registry import get_recipe, registry
@@ -75,6 +79,7 @@ def tune(
     from beatloop.tuning.spec import PRUNERS, parse_objective
     from beatloop.tuning.storage import storage_errors
     from beatloop.tuning.study import refuse_if_none_finished, run_study
+    from beatloop.user_modules import as_given_to_children, import_modules
 
     try:
         import optuna  # noqa: F401
@@ -86,6 +91,8 @@ def tune(
     if pruner not in PRUNERS:
         raise ConfigError(f"--pruner expects one of {', '.join(PRUNERS)}, got {pruner!r}")
     texts = [f"{k}={v}" for k, v in space.items()] if isinstance(space, Mapping) else list(space)
+    imports = as_given_to_children(imports)
+    import_modules(imports)
     cls = get_recipe(recipe)
     for name in callbacks:  # a misspelt name, before any trial
         registry().callback(name)
@@ -109,6 +116,7 @@ def tune(
         data_settings=tuple(data_settings),
         validation_data=validation_data,
         callbacks=tuple(callbacks),
+        imports=imports,
     )
     if "mlflow" in spec.callbacks:  # the parent run, made (or found) before any trial
         spec = attrs.evolve(spec, mlflow_parent=_study_run(spec))

@@ -54,6 +54,7 @@ def write_best_toml(study, spec: StudySpec, path: Path) -> Path | None:
         f"# The best trial of study {spec.name!r}: trial {trial.number}, "
         f"{spec.objective.name} {trial.value:.6g}.",
         f"# Train it again: beatloop run --config {path.name}",
+        *([f"import = {_toml(list(spec.imports))}"] if spec.imports else []),
         f"recipe = {_toml(spec.recipe)}",
         f"epochs = {spec.epochs}",
         f"seed = {spec.seed}",

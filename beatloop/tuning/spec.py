@@ -78,6 +78,9 @@ class StudySpec:
     callbacks: tuple[str, ...] = ()
     #: The study's MLflow run, its trials' runs nested in it (with ``--callback mlflow``).
     mlflow_parent: str | None = None
+    #: Modules each trial imports before it looks the recipe up (``--import``; not part
+    #: of the identity: where the code is found, not what is studied).
+    imports: tuple[str, ...] = ()
 
     @property
     def storage_url(self) -> str:

@@ -79,11 +79,13 @@ def run_trial(spec: StudySpec, number: int) -> int:
     from beatloop.fitting import fit
     from beatloop.tuning.processes import live_trial
     from beatloop.tuning.study import load_study
+    from beatloop.user_modules import import_modules
 
     study = load_study(spec)
     trial = live_trial(study, number)
     reporter = TrialReporter(trial, spec.objective, spec.epochs)
     try:
+        import_modules(spec.imports)  # before anything looks the recipe up
         result = fit(
             spec.recipe,
             config=trial_config(spec, trial.params),

@@ -10,6 +10,8 @@ import attrs
 from beatloop.core.compiled.binding import BoundSchedule
 from beatloop.core.compiled.counters import Counters
 from beatloop.core.devices.workers import Worker
+from beatloop.core.events.export import export_models
+from beatloop.core.failures.errors import ConfigError
 
 
 @attrs.define(eq=False)
@@ -87,3 +89,20 @@ class Run:
     @property
     def examples(self) -> int:
         return int(self.counters.examples)
+
+    def export(self, out: str | Path, *, checkpoint: str | None = None) -> dict[str, Path]:
+        """Write the recipe's inference models as SavedModels in ``out/NAME``, as
+        ``FitResult.export`` (and ``beatloop export``) writes them; return the paths. As
+        the models are now, or with the weights of ``checkpoint``: one of this run's
+        checkpoints, by name (``ckpt-7``, as ``run.json``'s ``best`` names the best
+        epoch's) or path, the run's own weights put back after. From an event (between
+        compiled calls), in the process that trains: nothing is rebuilt, no seed drawn.
+        One worker of a multi-worker run may call it alone."""
+        if checkpoint is not None and Path(checkpoint).name == checkpoint:
+            if self.run_dir is None:
+                raise ConfigError(
+                    f"checkpoint {checkpoint!r} is named in a run dir, and this run has none: "
+                    "pass its path"
+                )
+            checkpoint = str(Path(self.run_dir) / "checkpoints" / checkpoint)
+        return export_models(self.recipe, self.bound, out, checkpoint)

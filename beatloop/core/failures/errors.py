@@ -213,17 +213,17 @@ class ScheduleError(BeatloopError, ValueError):
 
 
 class RecipeNotFoundError(BeatloopError, KeyError):
-    """A recipe name that no plugin registered."""
+    """A recipe name nothing registered (``message``: what to say when more is known)."""
 
-    def __init__(self, name: str, known: Iterable[str], failed_plugins: Iterable[str] = ()):
+    def __init__(self, name: str, known: Iterable[str], failed_plugins: Iterable[str] = (),
+                 *, message: str | None = None):  # fmt: skip
         known = sorted(known)
-        self.name = name
-        self.known = tuple(known)
-        message = f"no recipe named {name!r}; known recipes: {', '.join(known) or '(none)'}"
-        message += did_you_mean(name, known)
-        failed = list(failed_plugins)
-        if failed:
-            message += "; plugins that failed to load: " + "; ".join(failed)
+        self.name, self.known = name, tuple(known)
+        if message is None:
+            message = f"no recipe named {name!r}; known recipes: {', '.join(known) or '(none)'}"
+            message += did_you_mean(name, known)
+            if failed := list(failed_plugins):
+                message += "; plugins that failed to load: " + "; ".join(failed)
         super().__init__(message)
 
     def __str__(self) -> str:  # KeyError would otherwise quote the message

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import keras
-import tensorflow as tf
 
-from beatloop.core.compiled.averaged import averaged_weights, evaluated_pairs
 from beatloop.core.compiled.binding import BoundSchedule
+from beatloop.core.events.export import checkpoint_weights, export_models
 from beatloop.core.failures.errors import BeatloopError, CheckpointError
 from beatloop.core.running.recipe import Recipe
-from beatloop.core.saving.run_dir import check_export_dir
 
 
 @attrs.frozen
@@ -94,7 +91,7 @@ class FitResult:
         copies (``keras.models.clone_model``) holding its checkpoint's weights; this
         result's ``models`` stay as they are. An evaluated average is its own model
         (``"ema"``): the best epoch's, as its figure judged it."""
-        with self._at_best():
+        with checkpoint_weights(self.models, self._best()):
             return {name: _copy(name, model) for name, model in self.models.items()}
 
     def export(self, out: str | Path, *, best: bool = False) -> dict[str, Path]:
@@ -102,47 +99,10 @@ class FitResult:
         SavedModel in ``out/NAME`` with a ``serve`` endpoint; return the paths. An
         evaluated average (``EMA(evaluated=True)``) is what is written, in its source's
         place. ``best=True``: the best epoch's models (``keep_best``), not the last's."""
-        if best:
-            with self._at_best():
-                return self.export(out)
-        models = self.recipe.inference_models(self.bound.models)
-        if not models:
-            raise BeatloopError(
-                f"recipe {self.recipe.name!r} has no inference model to export in this "
-                "configuration (its result is what it saved in the run dir)"
-            )
-        check_export_dir(Path(out))
-        paths = {name: Path(out) / name for name in models}
-        for path in paths.values():
-            if path.exists() and any(path.iterdir()):
-                raise BeatloopError(f"{path} exists and is not empty; export to a new folder")
-        with averaged_weights(evaluated_pairs(self.bound.updates)):
-            for name, model in models.items():
-                model.export(str(paths[name]), format="tf_saved_model", verbose=False)
-        return paths
+        return export_models(self.recipe, self.bound, out, self._best() if best else None)
 
-    @contextlib.contextmanager
-    def _at_best(self):
-        """The models hold the best epoch's checkpoint's weights inside the block, and
-        their own again after it."""
-        path = self._best_checkpoint()
-        variables = {name: list(model.variables) for name, model in self.models.items()}
-        own = {name: [v.numpy() for v in each] for name, each in variables.items()}
-        try:
-            read = tf.train.Checkpoint(model_variables=variables).read(str(path))
-            read.assert_existing_objects_matched().expect_partial()
-        except (tf.errors.OpError, AssertionError, ValueError) as error:
-            _put_back(variables, own)
-            raise CheckpointError(
-                f"the best epoch's checkpoint {path} cannot be read into this run's models: "
-                f"{str(error).splitlines()[0]}"
-            ) from error
-        try:
-            yield
-        finally:
-            _put_back(variables, own)
-
-    def _best_checkpoint(self) -> Path:
+    def _best(self) -> str:
+        """The path of the best epoch's checkpoint (``keep_best``), which must exist."""
         checkpoint = (self.best or {}).get("checkpoint")
         if self.run_dir is None or not checkpoint:
             raise BeatloopError(
@@ -155,13 +115,7 @@ class FitResult:
                 f"the best epoch's checkpoint {path} is gone (its files were deleted); "
                 "export(best=False) writes the last epoch's models"
             )
-        return path
-
-
-def _put_back(variables: Mapping[str, list], values: Mapping[str, list]) -> None:
-    for name, each in variables.items():
-        for variable, value in zip(each, values[name], strict=True):
-            variable.assign(value)
+        return str(path)
 
 
 def _copy(name: str, model: keras.Layer) -> keras.Layer:

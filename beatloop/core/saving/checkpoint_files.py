@@ -1,6 +1,6 @@
 """A run's checkpoint files on disk, read without restoring anything: the prefixes
 listed by the index (or found by their files when it is missing), the run record one
-holds, and what saves killed half-way left behind."""
+holds, its models' weights as values, and what saves killed half-way left behind."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import json
 import re
 import shutil
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
+from beatloop.core.failures.errors import CheckpointError
 from beatloop.core.saving.record import RunRecord
 
 PREFIX = "ckpt"
@@ -70,6 +73,37 @@ def latest_record(run_dir: Path) -> RunRecord | None:
         except UNREADABLE:
             continue
     return None
+
+
+def model_values(path: str, models: Mapping) -> dict[str, list[np.ndarray]]:
+    """Each model's variables' values in the checkpoint at ``path`` (its
+    ``model_variables`` part: every variable of each model, in ``model.variables``'
+    order), read without restoring anything; a ``CheckpointError`` when it cannot be read
+    or its variables are not ``models``' (other names, counts or shapes)."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        stored = dict(tf.train.list_variables(path))
+    except UNREADABLE as error:
+        raise CheckpointError(f"checkpoint {path} could not be read: {first_line(error)}") from None
+    values = {}
+    for name, model in models.items():
+        values[name] = []
+        for index, variable in enumerate(model.variables):
+            key = f"model_variables/{_escaped(name)}/{index}/.ATTRIBUTES/VARIABLE_VALUE"
+            if key not in stored or list(stored[key]) != list(variable.shape):
+                where = getattr(variable, "path", variable.name)
+                raise CheckpointError(
+                    f"checkpoint {path} holds no variable {index} of model {name!r} of shape "
+                    f"{tuple(variable.shape)} ({where}): it is another run's"
+                )
+            values[name].append(reader.get_tensor(key))
+    return values
+
+
+def _escaped(name: str) -> str:
+    """A model's name as a checkpoint key spells it (TensorFlow's ``escape_local_name``:
+    ``.`` doubled, ``/`` as ``.S``)."""
+    return name.replace(".", "..").replace("/", ".S")
 
 
 def number_of(path: str) -> int:
