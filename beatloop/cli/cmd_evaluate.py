@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from beatloop.cli.options import add_data_set_option, command_parser
+from beatloop.cli.options import add_data_set_option, add_model_option, command_parser
 
 NAME = "evaluate"
 
@@ -29,6 +29,7 @@ def add_command(commands) -> None:
         "records, read again, else the recipe's built-in validation data)",
     )
     add_data_set_option(evaluate, "a parameter of the --data source (repeatable)")
+    add_model_option(evaluate)
     evaluate.add_argument(
         "--best",
         action="store_true",
@@ -42,10 +43,12 @@ def run(args) -> int:
     source's every example or the run's validation data."""
     from beatloop.callbacks.standard import format_figure
     from beatloop.cli.recorded import existing_run_dir
+    from beatloop.cli.run_parts import model_paths
     from beatloop.restoring import evaluate
 
     existing_run_dir(args.run_dir, "evaluate")
-    figures = evaluate(args.run_dir, _evaluation_data(args), best=args.best)
+    models = model_paths(args.model) or None
+    figures = evaluate(args.run_dir, _evaluation_data(args), best=args.best, models=models)
     width = max(map(len, figures), default=0)
     for name, value in figures.items():
         print(f"{name:<{width}}  {format_figure(value)}")

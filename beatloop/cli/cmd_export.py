@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from beatloop.cli.options import add_data_set_option, command_parser
+from beatloop.cli.options import add_data_set_option, add_model_option, command_parser
 
 NAME = "export"
 
@@ -27,6 +27,7 @@ def add_command(commands) -> None:
         "matter",
     )
     add_data_set_option(export, "a parameter of the --data source (repeatable)")
+    add_model_option(export)
     export.add_argument(
         "--best",
         action="store_true",
@@ -36,12 +37,14 @@ def add_command(commands) -> None:
 
 def run(args) -> int:
     from beatloop.cli.recorded import existing_run_dir
+    from beatloop.cli.run_parts import model_paths
     from beatloop.core.saving.run_dir import check_export_dir
     from beatloop.restoring import restore
 
     check_export_dir(args.out)  # before the run is rebuilt, and before anything is written
     existing_run_dir(args.run_dir, "export")
-    result = restore(args.run_dir, _training_data(args), best=args.best)
+    models = model_paths(args.model) or None
+    result = restore(args.run_dir, _training_data(args), best=args.best, models=models)
     print(f"{result.recipe.name}: restored {result.checkpoint} (step {result.steps})")
     for name, path in result.export(args.out).items():
         print(f"{name}: {path}")

@@ -103,6 +103,19 @@ def add_data_set_option(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--data-set", action="append", default=[], metavar="NAME=VALUE", help=help)
 
 
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    """``--model NAME=PATH`` (repeatable) for a command that rebuilds a run: a model in
+    place of the one its run dir kept (or could not keep)."""
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a model from a .keras file in place of the run's NAME (repeatable): the model "
+        "the run was passed, when its run dir could not keep it",
+    )
+
+
 def data_option(args):
     """The ``data=`` that ``--data`` asks for: ``None`` (the recipe's built-in data), or
     a function ``(recipe, seed) -> DataSplit`` for ``fit`` to call."""

@@ -131,13 +131,15 @@ def passed_parts(run_dir: Path, recorded: Mapping[str, Any]):
 
 def refuse_not_kept(run_dir: Path, not_kept: Mapping, given: Mapping, verb: str) -> None:
     """A ``ConfigError`` naming every part the run was passed, could not keep, and is not
-    given now: what to pass."""
+    given now, and how to pass each."""
     missing = {key: why for key, why in not_kept.items() if key[1] not in given[key[0]]}
     if not missing:
         return
-    lines = "; ".join(f"{kind} {name!r} ({why})" for (kind, name), why in missing.items())
-    kinds = sorted({f"{kind}s={{...}}" for kind, _ in missing})
+    lines = "; ".join(
+        f"{kind} {name!r} ({why}): pass {kind}s={{{name!r}: ...}}"
+        for (kind, name), why in missing.items()
+    )
     raise ConfigError(
-        f"the run in {run_dir} was passed parts its run dir could not keep: {lines}; pass "
-        f"them to {verb} again ({', '.join(kinds)})"
+        f"the run in {run_dir} was passed parts its run dir could not keep, which {verb} "
+        f"needs again: {lines}"
     )
