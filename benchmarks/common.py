@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import os
+import platform
 import statistics
 import time
+from pathlib import Path
 
 import keras
 from tensorflow.python.framework import config as tf_config
@@ -17,6 +20,13 @@ def spread(values: list[float]) -> str:
     if len(values) < 2:
         return ""
     return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+
+
+def machine() -> str:
+    """The CPU's model name and count, from ``/proc/cpuinfo``."""
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+             .splitlines() if line.startswith("model name")]  # fmt: skip
+    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} CPUs"
 
 
 def as_users_run() -> None:

@@ -588,13 +588,6 @@ def print_report(workload: str, header: str, sides: dict) -> None:
           f"({ours['peak_mb']:,.0f} / {sides['fit']['peak_mb']:,.0f} MB) -> {verdict}")  # fmt: skip
 
 
-def machine() -> str:
-    """The CPU's model name and count, from ``/proc/cpuinfo``."""
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-             .splitlines() if line.startswith("model name")]  # fmt: skip
-    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} CPUs"
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="fits per side (3)")
@@ -626,6 +619,8 @@ def main(argv=None) -> int:
         sides = summary(found[workload])
         print_report(workload, describe(workload, sizes[workload], args.rounds, args.epochs), sides)
         record[workload] = {"sizes": sizes[workload], "runs": found[workload], "summary": sides}
+    from common import machine
+
     minutes = (time.perf_counter() - began) / 60
     loads = sorted(r["load"] for w in found.values() for runs in w.values() for r in runs)
     print(f"\n{machine()}; Python {platform.python_version()}; {minutes:.1f} minutes; load "
