@@ -4,8 +4,7 @@ Keras ``fit`` a KerasHub user writes for the same run, each side a fresh process
 The workload (nothing downloaded: no preset, no tokenizer): a
 ``keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None)`` on
 a ``keras_hub.models.BertBackbone`` built from its constructor (BERT-Tiny's shape:
-vocabulary 30,522, 2 layers, hidden 128, 2 heads, intermediate 512, dropout 0.1; 4.4M
-weights), fed generated token ids: 2,048 training and 512 validation sequences of
+vocabulary 30,522, 2 layers, hidden 128, 2 heads, intermediate 512, dropout 0.1), fed generated token ids: 2,048 training and 512 validation sequences of
 length 128 (``token_ids``, ``segment_ids``, ``padding_mask``; 32 to 128 tokens, id 0
 padding), each holding six cue tokens of its class among random words, batches of 32,
 not shuffled. AdamW (weight decay 0.01, none on biases and norms) on a linear warm-up
@@ -31,10 +30,9 @@ sum at an epoch's end, where the two sides would part), an EMA of the weights (d
   m**4 an update: 0.99 ** (1 / 4) gives beatloop's average (which starts at the first
   weights, Keras's at the first update's). It feeds the schedule the micro-batch count
   (hence its steps x 4), so its k-th update takes the rate of micro-batch 4k + 3, three
-  quarters of an update ahead in the warm-up: the sides' weights part (by about as much
-  as they move in a small check, dropout off), where with a schedule fed ``step // 4``
-  or a constant rate they end within 4e-7 of each other, beatloop's own floor between
-  K=1 and K=32. Timing does not depend on it; the accuracies printed may differ.
+  quarters of an update ahead in the warm-up, so the sides' weights part; with a
+  schedule fed ``step // 4`` or a constant rate they end within beatloop's own floor
+  between K=1 and K=32. Timing does not depend on it; the accuracies printed may differ.
 
 Sides, at equal steps per execution and at each side's default: beatloop and ``fit`` at
 K=32 (``steps_per_execution=32`` on both), beatloop at ``"auto"`` and ``fit`` at 1.
@@ -44,23 +42,22 @@ from its start to the next epoch's start (the last: to the fit's end), so it hol
 validation, the EMA swaps and the checkpoints each side writes at its end; the first
 epoch (tracing) is dropped. Peak memory is the process's peak resident set
 (``getrusage``'s ``ru_maxrss``, the kernel's ``VmHWM``: read so, the Keras side imports
-nothing of beatloop); "start" is after ``import keras_hub`` (about 820 MB with
-TensorFlow, KerasHub and tensorflow-text), before the side's own imports. Printed: each
+nothing of beatloop); "start" is after ``import keras_hub`` (TensorFlow, KerasHub and
+tensorflow-text), before the side's own imports. Printed: each
 side's best and median epoch (every kept epoch of every round pooled), the spread of
 its rounds' medians, the median epoch's CPU seconds (the process's: less moved by
 other processes' load), peak memory (median of rounds), the last epoch's accuracy (the
 model's, training) and val_accuracy (the average's: it lags, at 0.99 over a few
 dozen updates), then fit / beatloop for the two pairings (>1.0: beatloop faster) and
-beatloop / fit memory (peak, and peak above start). A step takes about 0.35 s of CPU
-here: ``"auto"`` keeps K=1 (its calls stay under about 0.25 s). Two rounds took 21
-minutes on a 2-core machine shared with other work (load average 5-10); the epochs'
-CPU seconds suggest 12-15 minutes for the default 3 rounds on a quiet one.
+beatloop / fit memory (peak, and peak above start). A step of this size lasts longer
+than ``"auto"``'s calls may (about 0.25 s), so ``"auto"`` keeps K=1 here; the K each
+side ran is printed. The default 3 rounds take a quarter of an hour on 2 cores.
 
 KerasHub is not a dependency of beatloop: ``pip install keras-hub`` pulls tensorflow-text,
-which pulls the full ``tensorflow`` wheel (570 MB, no CUDA libraries) beside
+which pulls the full ``tensorflow`` wheel (no CUDA libraries) beside
 ``tensorflow-cpu`` of the same version, and every process then logs TensorFlow's
 ``failed call to cuInit`` line. Install it in a venv of its own, so the project's
-environment keeps ``tensorflow-cpu`` only (3-4 minutes, 2.7 GB), from the repository root:
+environment keeps ``tensorflow-cpu`` only, from the repository root:
 
     python3 -m venv /tmp/kh && /tmp/kh/bin/pip install -e ".[cpu]" keras-hub
     /tmp/kh/bin/python benchmarks/finetune_kerashub.py            # 3 rounds (see below)
