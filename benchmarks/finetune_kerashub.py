@@ -2,17 +2,18 @@
 Keras ``fit`` a KerasHub user writes for the same run, each side a fresh process.
 
 The workload (nothing downloaded: no preset, no tokenizer): a
-``keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None)`` on
-a ``keras_hub.models.BertBackbone`` built from its constructor (BERT-Tiny's shape:
-vocabulary 30,522, 2 layers, hidden 128, 2 heads, intermediate 512, dropout 0.1), fed generated token ids: 2,048 training and 512 validation sequences of
-length 128 (``token_ids``, ``segment_ids``, ``padding_mask``; 32 to 128 tokens, id 0
-padding), each holding six cue tokens of its class among random words, batches of 32,
-not shuffled. AdamW (weight decay 0.01, none on biases and norms) on a linear warm-up
-to 1e-3 over the first tenth of the updates then a cosine decay
+``keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None)`` on a
+``keras_hub.models.BertBackbone`` built from its constructor (BERT-Tiny's shape:
+vocabulary 30,522, 2 layers, hidden 128, 2 heads, intermediate 512, dropout 0.1), fed
+generated token ids: 2,048 training and 512 validation sequences of length 128
+(``token_ids``, ``segment_ids``, ``padding_mask``; 32 to 128 tokens, id 0 padding), each
+holding six cue tokens of its class among random words, batches of 32, not shuffled.
+AdamW (weight decay 0.01, none on biases and norms) on a linear warm-up to 1e-3 over the
+first tenth of the updates then a cosine decay
 (``keras.optimizers.schedules.CosineDecay(..., warmup_target=..., warmup_steps=...)``),
-gradients accumulated over 4 batches (64 batches, 16 updates an epoch: no partial
-sum at an epoch's end, where the two sides would part), an EMA of the weights (decay
-0.99 an update) that validation and the kept model use, the best epoch by val_loss kept.
+gradients accumulated over 4 batches (64 batches, 16 updates an epoch: no partial sum at
+an epoch's end, where the two sides would part), an EMA of the weights (decay 0.99 an
+update) that validation and the kept model use, the best epoch by val_loss kept.
 
 - beatloop: ``beatloop.fit("supervised", data=(train, val), models={"model":
   classifier}, optimizers={"optimizer": AdamW(schedule over updates)},
