@@ -128,7 +128,7 @@ def _check_tensor_specs(spec: Mapping, role: str) -> None:
 
 
 def _kind(value) -> str:
-    """What a spec is, in a word: ``a RaggedTensorSpec``, ``a dict``."""
+    """What a spec is, in a word: ``RaggedTensorSpec``, ``dict``."""
     return type(value).__name__
 
 
@@ -205,8 +205,7 @@ def check_split(
         if dataset is None:
             continue
         spec = dataset.element_spec
-        found = _problems(spec, required, recipe_check, owner, role, problems, nested)
-        problems += found
+        problems += _problems(spec, required, recipe_check, owner, role, problems, nested)
     if split.validation is not None and not problems:
         problems += _validation_mismatches(split.train.element_spec, split.validation.element_spec)
     if problems:
