@@ -45,6 +45,23 @@ def as_the_others() -> dict:
     return {"op_determinism": False} if takes else {}
 
 
+def summed_per_id(grads: list) -> list:
+    """Each embedding gradient (``IndexedSlices``, a row per lookup) with the rows of one
+    id summed, as beatloop hands its optimizers (Keras 3's would square each row apart);
+    a hand-written loop doing beatloop's update does this too. Other gradients as they
+    are."""
+    import tensorflow as tf
+
+    def summed(grad):
+        if not isinstance(grad, tf.IndexedSlices):
+            return grad
+        ids, rows = tf.unique(grad.indices)
+        values = tf.math.unsorted_segment_sum(grad.values, rows, tf.shape(ids)[0])
+        return tf.IndexedSlices(values, ids, grad.dense_shape)
+
+    return [summed(grad) for grad in grads]
+
+
 class KerasTimer(keras.callbacks.Callback):
     """Wall time of each Keras ``fit`` epoch."""
 

@@ -21,16 +21,19 @@ Workloads (generated data, nothing downloaded; random labels: speed, not accurac
 Sides: beatloop (``supervised`` with ``models=``, or the recipe; seeded, for the
 recipe's own models, with op determinism off, as on the others) at steps_per_execution
 32 and at its default ``"auto"``, Keras ``fit`` at 32 and a hand-written ``tf.function``
-loop running 32 steps a call. Every side of every round is a fresh process (its own
-peak resident memory, ``VmHWM``; the data are made in each, the same), timed per epoch
-by a callback, its first epoch (tracing) dropped. Rounds interleave the sides, the
-order rotating each round. Printed per workload: each side's best and median epoch
-(every kept epoch of every round pooled), the spread of its rounds' medians, fit / side
-and hand loop / side (>= 1.0: the side at least as fast), the median epoch's CPU seconds
-(the process's: less moved than wall time by other processes' load) with fit / side,
-peak RSS (median of rounds) and side / fit. Children import only what their side needs
-(beatloop: +1 MB); the recommender's models are the recipe's, built by ``fit`` (passing
-them in ``models=`` would build the recipe's own as well, then drop them).
+loop running 32 steps a call. The Transformer's and the towers' embeddings have sparse
+gradients: beatloop and the hand loop sum each one's rows per id before Adam, ``fit``
+hands Adam the rows as they are (docs/schedules.md, "Embeddings"). Every side of every
+round is a fresh process (its own peak resident memory, ``VmHWM``; the data are made in
+each, the same), timed per epoch by a callback, its first epoch (tracing) dropped.
+Rounds interleave the sides, the order rotating each round. Printed per workload: each
+side's best and median epoch (every kept epoch of every round pooled), the spread of its
+rounds' medians, fit / side and hand loop / side (>= 1.0: the side at least as fast),
+the median epoch's CPU seconds (the process's: less moved than wall time by other
+processes' load) with fit / side, peak RSS (median of rounds) and side / fit. Children
+import only what their side needs (beatloop: +1 MB); the recommender's models are the
+recipe's, built by ``fit`` (passing them in ``models=`` would build the recipe's own as
+well, then drop them).
 
     python benchmarks/real_sizes.py                  # 3 rounds, all three (11-14 minutes)
     python benchmarks/real_sizes.py --quick          # smoke run (small sizes, 1 round)
@@ -407,7 +410,9 @@ def two_tower_model(models: dict, log_q):
 
 def time_hand(workload: str, sizes: dict, epochs: int) -> tuple[list, list]:
     """A ``tf.function`` running up to ``STEPS`` steps a call on an iterator (a short
-    count ends the epoch), the metrics reset each epoch and read at its end."""
+    count ends the epoch), the metrics reset each epoch and read at its end; each
+    embedding's gradient handed to the optimizer with its rows summed per id, as beatloop
+    does (``summed_per_id``)."""
     import keras
     import tensorflow as tf
 
@@ -423,7 +428,7 @@ def time_hand(workload: str, sizes: dict, epochs: int) -> tuple[list, list]:
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
                 loss = loss_fn(y, logits)
-            optimizer.apply(tape.gradient(loss, variables), variables)
+            optimizer.apply(summed_per_id(tape.gradient(loss, variables)), variables)
             metrics[0].update_state(loss, sample_weight=tf.shape(y)[0])
             metrics[1].update_state(y, logits)
 
@@ -441,7 +446,7 @@ def time_hand(workload: str, sizes: dict, epochs: int) -> tuple[list, list]:
             with tf.GradientTape() as tape:
                 retrieval, rating, predicted = two_tower_losses(models, log_q, batch)
                 loss = retrieval + rating
-            optimizer.apply(tape.gradient(loss, variables), variables)
+            optimizer.apply(summed_per_id(tape.gradient(loss, variables)), variables)
             rows = tf.cast(tf.shape(predicted)[0], tf.float32)
             metrics[0].update_state(retrieval, sample_weight=rows)
             metrics[1].update_state(rating, sample_weight=rows)
@@ -472,6 +477,22 @@ def time_hand(workload: str, sizes: dict, epochs: int) -> tuple[list, list]:
         times.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return times, cpu
+
+
+def summed_per_id(grads: list) -> list:
+    """Each embedding gradient (``IndexedSlices``, a row per lookup) with the rows of one
+    id summed, as beatloop hands its optimizers; other gradients as they are. (Here, not
+    from ``common.py``: the hand loop's process imports no beatloop.)"""
+    import tensorflow as tf
+
+    def summed(grad):
+        if not isinstance(grad, tf.IndexedSlices):
+            return grad
+        ids, rows = tf.unique(grad.indices)
+        values = tf.math.unsorted_segment_sum(grad.values, rows, tf.shape(ids)[0])
+        return tf.IndexedSlices(values, ids, grad.dense_shape)
+
+    return [summed(grad) for grad in grads]
 
 
 def child(workload: str, side: str, epochs: int, quick: bool) -> dict:

@@ -1,5 +1,6 @@
 """Two-tower step throughput: beatloop's `recommender` recipe beside the hand-written
-loop doing the same update.
+loop doing the same update (each embedding's gradient rows summed per id before Adam,
+as beatloop does: ``common.summed_per_id``).
 
 Each step: the user and item towers on the batch, the in-batch softmax with log-Q over
 the batch's items, the rating model's MSE, the weighted sum, one Adam update of both
@@ -25,7 +26,7 @@ import sys
 
 import keras
 import tensorflow as tf
-from common import cross_race, handwritten_epochs, race_arguments, timed_fit
+from common import cross_race, handwritten_epochs, race_arguments, summed_per_id, timed_fit
 
 from beatloop.recipes.recommender import Recommender
 from beatloop.recipes.recommender_data import synthetic_ratings
@@ -87,7 +88,7 @@ def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float
             predicted = rating_model(tf.concat([users, items], 1), training=True)[:, 0]
             rating = tf.reduce_mean(tf.square(predicted - batch["rating"]))
             loss = tf.add_n([weights[0] * retrieval, weights[1] * rating])
-        optimizer.apply(tape.gradient(loss, variables), variables)
+        optimizer.apply(summed_per_id(tape.gradient(loss, variables)), variables)
         every = item(tf.constant(vocabulary.items))
         scores = tf.stop_gradient(tf.matmul(users, every, transpose_b=True))
         own = tf.gather(scores, tf.maximum(index - 1, 0), batch_dims=1)
