@@ -22,6 +22,25 @@ def spread(values: list[float]) -> str:
     return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
 
 
+def epoch_figures(rounds: list[dict]) -> dict:
+    """One side's figures over its rounds (fresh processes, each a dict of
+    ``epoch_seconds``, ``cpu_seconds``, ``peak_mb``, ``start_mb``, the first epoch
+    dropped): best and median kept epoch (pooled), the spread of the rounds' medians, the
+    median kept epoch's CPU seconds, peak and start memory (medians of rounds)."""
+    kept = [r["epoch_seconds"][1:] for r in rounds]
+    pooled = [t for times in kept for t in times]
+    peaks = [r["peak_mb"] for r in rounds]
+    return {
+        "best": min(pooled),
+        "median": statistics.median(pooled),
+        "spread": spread([statistics.median(times) for times in kept]),
+        "cpu": statistics.median(t for r in rounds for t in r["cpu_seconds"][1:]),
+        "peak_mb": statistics.median(peaks),
+        "peak_spread": spread(peaks),
+        "start_mb": statistics.median(r["start_mb"] for r in rounds),
+    }
+
+
 def machine() -> str:
     """The CPU's model name and count, from ``/proc/cpuinfo``."""
     names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()

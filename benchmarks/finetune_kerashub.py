@@ -335,21 +335,12 @@ def summary(runs: dict[str, list[dict]]) -> dict:
     """Per side: best and median kept epoch (pooled), the spread of the rounds' medians,
     the median kept epoch's CPU seconds, peak and start memory (medians of rounds);
     per pairing, fit / beatloop of each time and beatloop / fit of peak memory."""
-    from common import spread
+    from common import epoch_figures
 
     sides = {}
     for side, rounds in runs.items():
-        kept = [r["epoch_seconds"][1:] for r in rounds]
-        pooled = [t for times in kept for t in times]
-        peaks = [r["peak_mb"] for r in rounds]
         sides[side] = {
-            "best": min(pooled),
-            "median": statistics.median(pooled),
-            "spread": spread([statistics.median(times) for times in kept]),
-            "cpu": statistics.median(t for r in rounds for t in r["cpu_seconds"][1:]),
-            "peak_mb": statistics.median(peaks),
-            "peak_spread": spread(peaks),
-            "start_mb": statistics.median(r["start_mb"] for r in rounds),
+            **epoch_figures(rounds),
             "steps_per_execution": sorted({r["steps_per_execution"] for r in rounds}),
             "accuracy": statistics.median(r["accuracy"][-1] for r in rounds),
             "val_accuracy": statistics.median(r["val_accuracy"][-1] for r in rounds),

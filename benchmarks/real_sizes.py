@@ -543,22 +543,9 @@ def summary(runs: dict[str, list[dict]]) -> dict:
     """Per side: best and median kept epoch (pooled), the spread of the rounds' medians,
     the median kept epoch's CPU seconds, peak memory (median of rounds); each against fit
     and the hand loop (theirs / the side's: >= 1.0, the side at least as fast)."""
-    from common import spread
+    from common import epoch_figures
 
-    sides = {}
-    for side, rounds in runs.items():
-        kept = [r["epoch_seconds"][1:] for r in rounds]
-        pooled = [t for times in kept for t in times]
-        peaks = [r["peak_mb"] for r in rounds]
-        sides[side] = {
-            "best": min(pooled),
-            "median": statistics.median(pooled),
-            "spread": spread([statistics.median(times) for times in kept]),
-            "cpu": statistics.median(t for r in rounds for t in r["cpu_seconds"][1:]),
-            "peak_mb": statistics.median(peaks),
-            "peak_spread": spread(peaks),
-            "start_mb": statistics.median(r["start_mb"] for r in rounds),
-        }
+    sides = {side: epoch_figures(rounds) for side, rounds in runs.items()}
     for values in sides.values():
         for other in ("fit", "hand"):
             for key in ("best", "median", "cpu"):
