@@ -472,6 +472,15 @@ class CodeBlock(NamedTuple):
         padding = "\n" * (self.line - 1)
         exec(compile(padding + self.code, str(self.document), "exec"), namespace)
 
+    @property
+    def shown_output(self) -> str:
+        """The ```text block right after this one: what the document says it prints."""
+        text = self.document.read_text()
+        after = text[text.index(self.code) + len(self.code) :]
+        match = re.match(r"```\n\n```text\n(.*?)```", after, re.S)
+        assert match, f"{self.name}: no ```text block follows"
+        return match[1]
+
 
 def python_blocks(documents: Iterable[Path] = DOCUMENTS) -> list[CodeBlock]:
     blocks = []
