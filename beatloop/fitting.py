@@ -317,7 +317,8 @@ def _fit_in_run_dir(build, run_path: Path, epochs: int, before: RunDirBefore) ->
         engine.fit(epochs)
     except BaseException as error:
         started = start is not None and engine.run.step != start
-        if not started and not isinstance(error, RunInterrupted):  # not one step done
+        saved = isinstance(error, RunInterrupted) and error.checkpoint is not None
+        if not started and not saved:  # not one step done, no checkpoint to resume from
             before.put_back()
             unstarted = never_started(error)  # a full disk: run again, not "resume"
             if unstarted is not error:

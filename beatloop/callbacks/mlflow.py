@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import tempfile
 import time
 import warnings
@@ -18,12 +19,21 @@ from pathlib import Path
 import attrs
 
 from beatloop import Callback, ConfigError, Order, Run, RunInterrupted
-from beatloop.callbacks.mlflow_store import experiment_name, open_store, tracking_uri
+from beatloop.callbacks.mlflow_store import (
+    experiment_name,
+    not_answering,
+    open_store,
+    tracking_uri,
+)
+from beatloop.callbacks.mlflow_worker import (
+    StoreStalled,
+    StoreWorker,
+    TrackingWarning,
+    store_seconds,
+)
 
-
-class TrackingWarning(UserWarning):
-    """The tracking store failed during a run (a server gone, a run deleted): the run
-    trains on, no longer tracked; its figures stay in the run dir's ``history.jsonl``."""
+#: Seconds a run stopped by Ctrl-C or SIGTERM gives its store to take the status KILLED.
+INTERRUPTED_SECONDS = 1.0
 
 
 class MlflowLogger(Callback):
@@ -41,12 +51,14 @@ class MlflowLogger(Callback):
     experiment: ``experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else the recipe's name;
     the run's name: ``run_name``, else the run dir's. ``parent_run_id`` nests the run.
 
-    A store that cannot be reached when the run starts is a ``ConfigError`` before its
-    first step: a run asked to be tracked and trained untracked is lost data. One that
-    fails mid-run is a single ``TrackingWarning``, and the run trains on without it.
-    A resumed run continues its MLflow run (its id is in every checkpoint), and epochs
-    already logged, by a run killed after an epoch's end and before its checkpoint, are
-    not logged twice. In a multi-worker run only the chief logs.
+    Every call to the store is made by a thread of its own and may take ``timeout``
+    seconds (else ``BEATLOOP_MLFLOW_TIMEOUT``, else 10): training never waits for the
+    store. A store that cannot be reached, or does not answer within that, when the run
+    starts is a ``ConfigError`` before its first step: a run asked to be tracked and
+    trained untracked is lost data. One that fails or stops answering mid-run is a single
+    ``TrackingWarning``, and the run trains on without it. A resumed run continues its
+    MLflow run (its id is in every checkpoint) and sends the epochs it holds that are not
+    there yet, none twice. In a multi-worker run only the chief logs.
     """
 
     callback_name = "mlflow"
@@ -61,14 +73,19 @@ class MlflowLogger(Callback):
         log_best: bool = True,
         parent_run_id: str | None = None,
         params: Mapping[str, object] | None = None,
+        timeout: float | None = None,
     ):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.log_best, self.parent_run_id = log_best, parent_run_id
         self.params = dict(params or {})
+        #: Seconds one call to the store may take (``None``: ``BEATLOOP_MLFLOW_TIMEOUT``, 10).
+        self.timeout = None if timeout is None else store_seconds(timeout)
         #: The MLflow run's id, once the run started (kept in checkpoints: a resume goes on).
         self.run_id: str | None = None
         self._uri: str | None = None
         self._client = None  # None: not logging (not the chief, or the store failed)
+        self._worker: StoreWorker | None = None  # makes every call to the store
+        self._scratch: list[Path] = []  # folders of files being sent, removed at the end
         self._restored: dict | None = None
         self._logged: dict[str, set[int]] = {}  # steps a resumed MLflow run holds
         self._nonfinite: dict[str, list[str]] = {}
@@ -81,29 +98,22 @@ class MlflowLogger(Callback):
         self._restored = dict(state)
 
     def on_fit_start(self, run: Run) -> None:
-        self.run_id, self._client, self._logged, self._nonfinite = None, None, {}, {}
+        self._close()
+        self.run_id, self._logged, self._nonfinite = None, {}, {}
         if not run.worker.is_chief:
             return
         self._uri = tracking_uri(self.tracking_uri, run.run_dir)
         name = experiment_name(self.experiment, run.recipe.name)
-        client, experiment_id = open_store(self._uri, name)
-        self._client = client
+        self._worker = StoreWorker(store_seconds(self.timeout))
         try:
-            self.run_id = self._continued(run)
-            if self.run_id is not None:
-                client.update_run(self.run_id, status="RUNNING")
-                self._logged = _steps_logged(client, self.run_id)
-            else:
-                self._start(run, experiment_id)
-        except Exception as error:  # the store opened, then refused: still before training
-            self._client = None
-            raise ConfigError(
-                f"the MLflow tracking store {self._uri} refused this run's start "
-                f"({type(error).__name__}: {str(error).strip()[:300]}); the run did not start"
-            ) from error
+            self._client, experiment_id = open_store(self._uri, name, self._worker)
+            self._open_run(run, experiment_id)
+        except BaseException:
+            self._close()
+            raise
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-        if self._client is None:
+        if not self._tracking():
             return
         from mlflow.entities import Metric, RunTag
 
@@ -119,26 +129,60 @@ class MlflowLogger(Callback):
                 self._nonfinite.setdefault(name, []).append(f"epoch {step}: {value}")
                 tags[f"beatloop.nonfinite.{name}"] = ", ".join(self._nonfinite[name][-50:])
         tagged = [RunTag(key, value) for key, value in {**tags, **self._chosen_tag(run)}.items()]
-        self._safely(lambda: self._client.log_batch(self.run_id, metrics=metrics, tags=tagged))
+        client, run_id = self._client, self.run_id
+        self._worker.send(lambda: client.log_batch(run_id, metrics=metrics, tags=tagged))
 
     def on_fit_end(self, run: Run, logs: Mapping[str, float]) -> None:
-        if self._client is None:
+        if not self._tracking():
             return
-        client, run_id = self._client, self.run_id
+        client, run_id, send = self._client, self.run_id, self._worker.send
         if run.run_dir is not None and (Path(run.run_dir) / "run.json").is_file():
-            self._safely(lambda: client.log_artifact(run_id, str(Path(run.run_dir) / "run.json")))
+            send(lambda: client.log_artifact(run_id, str(Path(run.run_dir) / "run.json")))
         for path, folder in _pictures(run):
-            self._safely(lambda p=path, f=folder: client.log_artifact(run_id, str(p), f or None))
+            send(lambda p=path, f=folder: client.log_artifact(run_id, str(p), f or None))
         for key, value in self._chosen_tag(run).items():
-            self._safely(lambda k=key, v=value: client.set_tag(run_id, k, v))
+            send(lambda k=key, v=value: client.set_tag(run_id, k, v))
         if self.log_best:
-            self._safely(lambda: self._log_best(run))
-        self._safely(lambda: client.set_terminated(run_id, "FINISHED"))
+            try:
+                self._send_best(run)
+            except Exception as error:  # the best's record or files unreadable: not logged
+                self._give_up(_described(error))
+                return
+        send(lambda: client.set_terminated(run_id, "FINISHED"))
+        self._finish("sending the run's files and its end")
 
     def on_exception(self, run: Run, error: BaseException) -> None:
-        if self._client is not None:
-            status = "KILLED" if isinstance(error, RunInterrupted) else "FAILED"
-            self._safely(lambda: self._client.set_terminated(self.run_id, status))
+        if not self._tracking():
+            return
+        status = "KILLED" if isinstance(error, RunInterrupted) else "FAILED"
+        client, run_id = self._client, self.run_id
+        self._worker.send(lambda: client.set_terminated(run_id, status))
+        within = INTERRUPTED_SECONDS if isinstance(error, RunInterrupted) else None
+        self._finish(f"sending the run's status {status}", within)
+
+    def _open_run(self, run: Run, experiment_id: str) -> None:
+        """The MLflow run this run logs to, continued or started, each request bounded
+        (``StoreWorker.ask``): a ConfigError, still before training, when one fails."""
+        client, ask = self._client, self._worker.ask
+        try:
+            self.run_id = ask(lambda: self._continued(run), "looking for the run to continue")
+            if self.run_id is None:
+                self._start(run, experiment_id)
+                return
+            run_id = self.run_id
+            ask(lambda: client.update_run(run_id, status="RUNNING"), "marking it running")
+            self._logged = ask(lambda: _steps_logged(client, run_id), "reading its steps")
+        except StoreStalled as error:
+            raise not_answering(self._uri, error) from error
+        except ConfigError:
+            raise
+        except Exception as error:  # the store opened, then refused: still before training
+            raise ConfigError(
+                f"the MLflow tracking store {self._uri} refused this run's start "
+                f"({_described(error)}); the run did not start"
+            ) from error
+        for epoch, logs in _history(run):  # those a stalled store missed are sent now
+            self.on_epoch_end(run, epoch, logs)
 
     def _chosen_tag(self, run: Run) -> dict[str, str]:
         """The K ``"auto"`` chose, as a tag when it is new (a tag, not a param: a resume
@@ -168,7 +212,7 @@ class MlflowLogger(Callback):
         trained without this logger gets those epochs' figures from ``history.jsonl``."""
         from mlflow.entities import Param
 
-        client, recorded = self._client, _recorded(run)
+        client, ask, recorded = self._client, self._worker.ask, _recorded(run)
         schedule = "\n".join(recorded.get("schedule") or [run.bound.schedule.describe()])
         tags = {
             "beatloop.recipe": run.recipe.name,
@@ -178,59 +222,94 @@ class MlflowLogger(Callback):
         if run.run_dir is not None:
             tags["beatloop.run_dir"] = str(Path(run.run_dir).resolve())
         if self.parent_run_id is not None:
-            experiment_id = client.get_run(self.parent_run_id).info.experiment_id
-            tags["mlflow.parentRunId"] = self.parent_run_id
+            parent = self.parent_run_id
+            experiment_id = ask(lambda: client.get_run(parent).info.experiment_id, "its parent")
+            tags["mlflow.parentRunId"] = parent
         name = self.run_name or (Path(run.run_dir).name if run.run_dir else run.recipe.name)
-        self.run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        made = ask(lambda: client.create_run(experiment_id, run_name=name, tags=tags), "a run")
+        self.run_id = run_id = made.info.run_id
         params = [Param(k, str(v)) for k, v in {**run_params(run, recorded), **self.params}.items()]
         for start in range(0, len(params), 100):  # MLflow takes 100 params per batch
-            client.log_batch(self.run_id, params=params[start : start + 100])
-        client.log_text(self.run_id, schedule + "\n", "schedule.txt")
+            batch = params[start : start + 100]
+            ask(lambda b=batch: client.log_batch(run_id, params=b), "logging the params")
+        ask(lambda: client.log_text(run_id, schedule + "\n", "schedule.txt"), "the schedule")
         for epoch, logs in _history(run):
             self.on_epoch_end(run, epoch, logs)
 
-    def _log_best(self, run: Run) -> None:
+    def _send_best(self, run: Run) -> None:
         """The best epoch's models (``keep_best``) as ``best/``, as ``beatloop export
         --best`` writes them: written here, by the process that trained (it has the
         recipe, registered in a script or not), from the live models with the best
-        checkpoint's weights, its own put back after (``Run.export``). Where they cannot
-        be written (a recipe with no inference model), the best checkpoint's files as
-        ``best_checkpoint/``, and the tag ``beatloop.best_export`` says why."""
+        checkpoint's weights, its own put back after (``Run.export``), then sent. Where
+        they cannot be written (a recipe with no inference model), the best checkpoint's
+        files as ``best_checkpoint/``, and the tag ``beatloop.best_export`` says why."""
         best = _recorded(run).get("best")
         if not isinstance(best, dict) or not best.get("checkpoint"):
             return
+        client, run_id, send = self._client, self.run_id, self._worker.send
         summary = f"{best['figure']}:{best['mode']} epoch {best['epoch']} = {best['value']:.6g}"
-        self._client.set_tag(self.run_id, "beatloop.best", summary)
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder) / "best"
-            try:
-                run.export(out, checkpoint=best["checkpoint"])
-            except Exception as error:  # whatever writing it raised: the files instead
-                why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-            else:
-                self._client.log_artifacts(self.run_id, str(out), "best")
-                return
-        self._client.set_tag(self.run_id, "beatloop.best_export", f"not exported: {why}"[:5000])
+        send(lambda: client.set_tag(run_id, "beatloop.best", summary))
+        folder = Path(tempfile.mkdtemp(prefix="beatloop-best-"))
+        self._scratch.append(folder)
+        try:
+            run.export(folder / "best", checkpoint=best["checkpoint"])
+        except Exception as error:  # whatever writing it raised: the files instead
+            why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        else:
+            send(lambda: client.log_artifacts(run_id, str(folder / "best"), "best"))
+            return
+        send(lambda: client.set_tag(run_id, "beatloop.best_export", f"not exported: {why}"[:5000]))
         checkpoints = Path(run.run_dir) / "checkpoints"
         for path in sorted(checkpoints.glob(f"{best['checkpoint']}.*")):
-            self._client.log_artifact(self.run_id, str(path), "best_checkpoint")
+            send(lambda p=path: client.log_artifact(run_id, str(p), "best_checkpoint"))
 
-    def _safely(self, call) -> None:
-        """``call()``, logging to the store; its first failure is one TrackingWarning and
-        ends the logging (the run goes on): a run never stops for its tracker."""
+    def _tracking(self) -> bool:
+        """Whether the logger still logs: not once a call to the store failed or ran
+        longer than its bound (then one TrackingWarning says so)."""
         if self._client is None:
-            return
+            return False
+        error = self._worker.failure()
+        if error is not None:
+            self._give_up(_described(error))
+        elif self._worker.stalled():
+            self._give_up(f"no answer within {self._worker.seconds:g} s")
+        return self._client is not None
+
+    def _finish(self, what: str, within: float | None = None) -> None:
+        """Wait until the store took every call sent (each within its bound, all within
+        ``within`` seconds), then let the worker go; one TrackingWarning if it did not."""
         try:
-            call()
-        except Exception as error:  # whatever the store raised: SQL, HTTP, files
-            warnings.warn(
-                f"MLflow stopped taking this run's figures ({type(error).__name__}: "
-                f"{str(error).strip()[:300]}); the run goes on untracked from here (MLflow "
-                f"run {self.run_id} in {self._uri}); its figures stay in history.jsonl",
-                TrackingWarning,
-                stacklevel=2,
-            )
-            self._client = None
+            if not self._worker.finish(what, within):
+                self._give_up(f"no answer within {self._worker.seconds:g} s ({what})")
+            else:
+                self._tracking()
+        finally:
+            self._close()
+
+    def _give_up(self, reason: str) -> None:
+        """The store failed: one TrackingWarning, and no call to it from here on."""
+        warnings.warn(
+            f"MLflow stopped taking this run's figures ({reason}); the run goes on untracked "
+            f"from here (MLflow run {self.run_id} in {self._uri}): its figures stay in "
+            "history.jsonl, and a resume of the run dir sends those the store missed",
+            TrackingWarning,
+            stacklevel=3,
+        )
+        self._close()
+
+    def _close(self) -> None:
+        """No more calls to the store; the folders of files sent removed."""
+        self._client = None
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        for folder in self._scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._scratch = []
+
+
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).strip()[:300]}"
 
 
 def run_params(run: Run, recorded: Mapping) -> dict[str, object]:

@@ -12,17 +12,23 @@ import fcntl
 import hashlib
 import os
 import socket
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from beatloop import ConfigError
+from beatloop.callbacks.mlflow_worker import (
+    TIMEOUT_VARIABLE,
+    StoreStalled,
+    StoreWorker,
+    TrackingWarning,
+    store_seconds,
+)
 
 #: The default store's folder, in the run dir's parent: ``runs/a`` and ``runs/b`` (and a
 #: study's trials) land in one store, ``runs/mlflow/mlflow.db``, to compare side by side.
 STORE_FOLDER = "mlflow"
-#: Seconds the reachability probe of an ``http(s)`` tracking server waits.
-PROBE_SECONDS = 5.0
 
 
 def mlflow_module():
@@ -59,23 +65,32 @@ def _database(uri: str) -> Path | None:
     return None if path == uri or not path or path.startswith(":memory:") else Path(path)
 
 
-def open_store(uri: str, experiment: str):
+def open_store(uri: str, experiment: str, worker: StoreWorker):
     """A client of the store at ``uri`` and the id of ``experiment`` there (made if new),
-    checked now: a store that cannot be reached or opened is a ConfigError naming the URI
-    and the reason (its cause kept), before the run trains a step."""
+    checked now through ``worker``: a store that cannot be reached, opened, or does not
+    answer within ``worker.seconds`` is a ConfigError naming the URI and the reason (its
+    cause kept), before the run trains a step. A local SQLite file is waited for as long
+    as it takes: a new one's tables take some ten seconds to make."""
     mlflow_module()
     from mlflow.tracking import MlflowClient
 
-    _probe(uri)
+    _probe(uri, worker.seconds)
     database = _database(uri)
     if database is not None:
         _need_sqlalchemy(uri)
-    try:
+
+    def opened():
         with _creating(database):
             client = MlflowClient(tracking_uri=uri, registry_uri=uri)
             return client, _experiment_id(client, experiment, uri, database)
+
+    try:
+        found = f"finding the experiment {experiment!r}"
+        return worker.ask(opened, found, bounded=database is None)
     except ConfigError:
         raise
+    except StoreStalled as error:
+        raise not_answering(uri, error) from error
     except Exception as error:  # any store's failure: SQL, HTTP, files, MLflow's own
         raise ConfigError(
             f"the MLflow tracking store {uri} cannot be used ({type(error).__name__}: "
@@ -84,15 +99,25 @@ def open_store(uri: str, experiment: str):
         ) from error
 
 
-def _probe(uri: str) -> None:
-    """An ``http(s)`` server's port connected to at once, within ``PROBE_SECONDS``: MLflow's
+def not_answering(uri: str, error: StoreStalled, what: str = "the run") -> ConfigError:
+    """The ConfigError of a store that did not answer a request of a run's start."""
+    return ConfigError(
+        f"the MLflow tracking store {uri} did not answer: {error}; {what} did not start: "
+        f"check the server, give it longer ({TIMEOUT_VARIABLE}=SECONDS, "
+        "MlflowLogger(timeout=...)), or log elsewhere (MLFLOW_TRACKING_URI, "
+        "MlflowLogger(tracking_uri=...))"
+    )
+
+
+def _probe(uri: str, seconds: float) -> None:
+    """An ``http(s)`` server's port connected to at once, within ``seconds``: MLflow's
     own client retries a refused request with backoff for minutes before it gives up."""
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https"):
         return
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        socket.create_connection((parts.hostname, port), timeout=PROBE_SECONDS).close()
+        socket.create_connection((parts.hostname, port), timeout=seconds).close()
     except OSError as error:
         raise ConfigError(
             f"the MLflow tracking server {uri} cannot be reached ({error}); the run did not "
@@ -154,25 +179,48 @@ def study_run(recipe: str, study: str, key: str, params: Mapping[str, object], n
     """The id of a ``beatloop tune`` study's MLflow run, the parent its trials' runs nest
     in: the one tagged with the study's ``key`` (a continued study), else a new one with
     the study's ``params``. It is in the store the trials log to by default (their run
-    dirs' parent is ``near``), and running until ``end_study_run``."""
-    client, experiment = open_store(
-        tracking_uri(None, near / "trial"), experiment_name(None, recipe)
-    )
-    tag = hashlib.sha256(key.encode()).hexdigest()[:24]
-    found = client.search_runs([experiment], f"tags.`beatloop.study` = '{tag}'", max_results=1)
-    if found:
-        client.update_run(found[0].info.run_id, status="RUNNING")
-        return found[0].info.run_id
-    made = client.create_run(experiment, run_name=f"study {study}", tags={"beatloop.study": tag})
+    dirs' parent is ``near``), and running until ``end_study_run``. Each request is
+    bounded as a run's start is (``BEATLOOP_MLFLOW_TIMEOUT``)."""
     from mlflow.entities import Param
 
-    given = [Param(name, str(value)) for name, value in params.items()]
-    client.log_batch(made.info.run_id, params=given)
-    return made.info.run_id
+    uri, worker = tracking_uri(None, near / "trial"), StoreWorker(store_seconds(None))
+    tag = hashlib.sha256(key.encode()).hexdigest()[:24]
+    try:
+        client, experiment = open_store(uri, experiment_name(None, recipe), worker)
+
+        def started() -> str:
+            query = f"tags.`beatloop.study` = '{tag}'"
+            found = client.search_runs([experiment], query, max_results=1)
+            if found:
+                client.update_run(found[0].info.run_id, status="RUNNING")
+                return found[0].info.run_id
+            tags = {"beatloop.study": tag}
+            made = client.create_run(experiment, run_name=f"study {study}", tags=tags)
+            given = [Param(name, str(value)) for name, value in params.items()]
+            client.log_batch(made.info.run_id, params=given)
+            return made.info.run_id
+
+        return worker.ask(started, "starting the study's run")
+    except StoreStalled as error:
+        raise not_answering(uri, error, "the study") from error
+    finally:
+        worker.close()
 
 
 def end_study_run(run_id: str, near: Path, status: str = "FINISHED") -> None:
-    """Mark a study's run ended (``FINISHED``, ``FAILED``, ``KILLED``)."""
+    """Mark a study's run ended (``FINISHED``, ``FAILED``, ``KILLED``); a store that does
+    not answer within ``BEATLOOP_MLFLOW_TIMEOUT`` is a TrackingWarning (its trials ended)."""
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(tracking_uri(None, near / "trial")).set_terminated(run_id, status)
+    uri, worker = tracking_uri(None, near / "trial"), StoreWorker(store_seconds(None))
+    try:
+        worker.ask(lambda: MlflowClient(uri).set_terminated(run_id, status), "ending the study")
+    except StoreStalled as error:
+        warnings.warn(
+            f"the MLflow tracking store {uri} did not answer: {error}; the study's MLflow run "
+            f"{run_id} is left RUNNING there (its trials' runs are logged)",
+            TrackingWarning,
+            stacklevel=2,
+        )
+    finally:
+        worker.close()
