@@ -102,7 +102,7 @@ def open_store(uri: str, experiment: str, worker: StoreWorker):
 def not_answering(uri: str, error: StoreStalled, what: str = "the run") -> ConfigError:
     """The ConfigError of a store that did not answer a request of a run's start."""
     return ConfigError(
-        f"the MLflow tracking store {uri} did not answer: {error}; {what} did not start: "
+        f"the MLflow tracking store {uri} gave {error}; {what} did not start: "
         f"check the server, give it longer ({TIMEOUT_VARIABLE}=SECONDS, "
         "MlflowLogger(timeout=...)), or log elsewhere (MLFLOW_TRACKING_URI, "
         "MlflowLogger(tracking_uri=...))"
@@ -217,7 +217,7 @@ def end_study_run(run_id: str, near: Path, status: str = "FINISHED") -> None:
         worker.ask(lambda: MlflowClient(uri).set_terminated(run_id, status), "ending the study")
     except StoreStalled as error:
         warnings.warn(
-            f"the MLflow tracking store {uri} did not answer: {error}; the study's MLflow run "
+            f"the MLflow tracking store {uri} gave {error}; the study's MLflow run "
             f"{run_id} is left RUNNING there (its trials' runs are logged)",
             TrackingWarning,
             stacklevel=2,
