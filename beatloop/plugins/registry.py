@@ -31,7 +31,7 @@ from beatloop.core.failures.errors import (
     RegistrationError,
     did_you_mean,
 )
-from beatloop.core.running.recipe import Recipe
+from beatloop.core.running.recipe import Recipe, quality_problem
 from beatloop.core.schedule.beats import Schedule
 from beatloop.core.schedule.phases import Phases, schedules_of
 from beatloop.plugins import builtin, hookspecs
@@ -103,6 +103,8 @@ def _refuse_problems(kind: str, cls: object, base: type, origin: str, build_conf
     if missing:
         problems.append(f"it lacks the method(s) {', '.join(missing)}")
     if base is Recipe:
+        quality = quality_problem(cls.quality_figure)
+        problems += [quality] if quality else []
         problems += _default_problems(cls, missing)
     if problems:
         lines = "\n".join(f"  - {problem}" for problem in problems)
