@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import beatloop
+from beatloop.datasets import split_arrays
 from beatloop.cli import main
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
@@ -57,6 +58,28 @@ class Tiny(beatloop.Recipe):
         return beatloop.Schedule(beatloop.Beat("fit", "sgd", "line"))
 
 
+@attrs.frozen
+class RingConfig(beatloop.SourceConfig):
+    """``count``: how many points the ring has."""
+
+    count: int = 32
+    radius: float = beatloop.setting(1.0, "the ring's radius")
+
+
+class Ring(beatloop.DataSource):
+    """Points on a ring, made up: it reads no file."""
+
+    name = "ring"
+    Config = RingConfig
+    needs_path = False
+
+    def load(self, seed, batch_size):
+        angle = np.linspace(0, 2 * np.pi, self.config.count, endpoint=False, dtype=np.float32)
+        x = self.config.radius * np.stack([np.cos(angle), np.sin(angle)], axis=1)
+        y = (angle > np.pi).astype(np.int32)
+        return split_arrays({"x": x, "y": y}, self.config, seed, batch_size, self.label)
+
+
 def subclass(base: type, **members) -> type:
     """A subclass of ``base`` made here (its module this test's), with ``members``."""
     return type(base.__name__, (base,), {"__module__": __name__, **members})
@@ -87,3 +110,77 @@ def test_any_other_quality_figure_is_refused_at_registration_naming_both_forms(f
         beatloop.register(subclass(Tiny, name="tiny_bad", quality_figure=quality))
     assert "its quality_figure must be 'FIGURE:min' or 'FIGURE:max'" in str(raised.value)
     assert f"found {quality!r}" in str(raised.value)
+
+
+# --- (b) two plugins registering one name: that name only is lost -----------------------
+
+
+def test_a_plugin_source_named_as_a_built_in_costs_that_name_only(monkeypatch):
+    """A plugin added through pluggy as an entry point's would be: its ``npz`` clashes
+    with the built-in one, its ``ring`` and every other kind load."""
+
+    @attrs.frozen
+    class NpzLike(beatloop.SourceConfig):
+        pass
+
+    clash = subclass(Ring, name="npz", Config=NpzLike)
+    plugin = types.SimpleNamespace(register_data_sources=beatloop.hookimpl(lambda: [clash, Ring]))
+    monkeypatch.setattr(
+        Registry, "_load_entry_points", lambda self: self._add_plugin(plugin, "bl_p", "bl-dist")
+    )
+    both = r"data source 'npz' is registered by .*NpzSource from beatloop \(built-in\) and by "
+    both += rf"{__name__}.Ring from plugin 'bl_p' \(bl-dist\)"
+    with pytest.warns(RuntimeWarning, match=both):
+        registry = Registry()
+    assert registry.source("ring").cls is Ring and registry.source("csv").origin == "built-in"
+    with pytest.raises(beatloop.RegistrationError, match=both):
+        registry.source("npz")
+
+
+# --- (e) a source that reads no file: --data KIND alone ----------------------------------
+
+
+def test_a_source_that_reads_no_path_is_named_by_its_kind_alone(fresh, capsys):
+    beatloop.register_data_source(Ring)
+    recipe = beatloop.make_recipe("supervised")
+    alone = beatloop.load_data("ring", ["count=16", "shuffle=false"], recipe=recipe, seed=0)
+    assert sum(int(b["y"].shape[0]) for b in alone.train) == 16
+    given = beatloop.load_data(
+        "ring:-", ["count=16", "shuffle=false"], recipe=recipe, seed=0
+    )  # still works
+    assert [b["x"].numpy().tolist() for b in given.train] == [
+        b["x"].numpy().tolist() for b in alone.train
+    ]
+    assert main(["data", "ring"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "  --data ring  (it reads no path)"
+    with pytest.raises(beatloop.ConfigError, match=r"got 'csv'; kind 'csv' reads a path"):
+        beatloop.load_data("csv", recipe=recipe, seed=0)
+    with pytest.raises(beatloop.DataError, match=r"data source 'ring' gives \['x', 'y'\]"):
+        beatloop.load_data("ring", recipe=beatloop.make_recipe("risk_weighted"), seed=0)
+
+
+# --- (f) a plugin source's parameter help is its own ------------------------------------
+
+
+def test_a_plugin_sources_help_says_its_own_parameters(fresh, capsys):
+    @attrs.frozen
+    class Undocumented(beatloop.SourceConfig):
+        count: int = 8
+
+    beatloop.register_data_source(Ring)
+    beatloop.register_data_source(subclass(Ring, name="bare", Config=Undocumented))
+    assert main(["data", "ring"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ring: Points on a ring, made up: it reads no file.  [registered")
+    assert lines[2].startswith("  Parameters every built-in source has.")
+    assert "  count: how many points the ring has." in lines
+    assert lines[-2:] == ["  count: int = 32", "  radius: float = 1.0  (the ring's radius)"]
+    assert main(["data", "bare"]) == 0  # no docstring: the shared paragraph, said once
+    out = capsys.readouterr().out
+    assert out.count("Parameters every built-in source has.") == 1
+    assert out.endswith("  count: int = 8\n")
+    assert main(["data"]) == 0  # every kind: the shared paragraph once, first
+    out = capsys.readouterr().out
+    assert out.count("Parameters every built-in source has.") == 1
+    ring = out.split("\nring: ", 1)[1].split("\n\n", 1)[0]
+    assert "  count: how many points the ring has." in ring.splitlines()
