@@ -18,8 +18,8 @@ import pytest
 import tensorflow as tf
 
 import beatloop
-from beatloop.datasets import split_arrays
 from beatloop.cli import main
+from beatloop.datasets import split_arrays
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 

@@ -101,7 +101,8 @@ def test_two_plugins_registering_one_name_cost_that_name_only(install_plugin, ca
     fails to import: the name is an error naming both, every other name works."""
     install_plugin("bl-one", "bl_test_one", TINY_RECIPE.format(name="twin"))
     install_plugin("bl-two", "bl_test_two", TINY_RECIPE.format(name="twin"))
-    both = r"recipe 'twin' is registered by .*plugin 'bl_test_one' \(bl-one\).*plugin 'bl_test_two' \(bl-two\)"
+    both = r"recipe 'twin' is registered by .*plugin 'bl_test_one' \(bl-one\)"
+    both += r".*plugin 'bl_test_two' \(bl-two\)"
     with pytest.warns(RuntimeWarning, match=both):
         registry = Registry()
     assert "twin" not in registry.recipes and "supervised" in registry.recipes
