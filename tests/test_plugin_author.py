@@ -184,3 +184,21 @@ def test_a_plugin_sources_help_says_its_own_parameters(fresh, capsys):
     assert out.count("Parameters every built-in source has.") == 1
     ring = out.split("\nring: ", 1)[1].split("\n\n", 1)[0]
     assert "  count: how many points the ring has." in ring.splitlines()
+
+
+# --- (c) export of a recipe without inference models names the method -------------------
+
+
+def test_export_without_inference_models_names_the_method_to_define(fresh, tmp_path):
+    result = beatloop.fit(Tiny(), epochs=1, seed=0)
+    with pytest.raises(beatloop.BeatloopError) as raised:
+        result.export(tmp_path / "out")
+    assert str(raised.value) == (
+        "recipe 'tiny' has no inference model to export: it defines no "
+        "inference_models(models), the method returning the trained models to keep by "
+        "name (e.g. return {'classifier': models['classifier']})"
+    )
+    assert not (tmp_path / "out").exists()
+    empty = subclass(Tiny, inference_models=lambda self, models: {})
+    with pytest.raises(beatloop.BeatloopError, match=r"its inference_models\(models\) returned"):
+        beatloop.fit(empty(), epochs=1, seed=0).export(tmp_path / "out")
