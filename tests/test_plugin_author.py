@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import beatloop
 from beatloop.cli import main
+from beatloop.core.devices.replicas import ReplicaRandom
 from beatloop.datasets import split_arrays
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
@@ -202,3 +203,31 @@ def test_export_without_inference_models_names_the_method_to_define(fresh, tmp_p
     empty = subclass(Tiny, inference_models=lambda self, models: {})
     with pytest.raises(beatloop.BeatloopError, match=r"its inference_models\(models\) returned"):
         beatloop.fit(empty(), epochs=1, seed=0).export(tmp_path / "out")
+
+
+# --- (d) models.random under a strategy has make_seeds, as the plugins page promises -----
+
+
+class NoisyTiny(Tiny):
+    """Tiny with input noise from stateless ops seeded by ``models.random.make_seeds``."""
+
+    name = "noisy_tiny"
+
+    def fit(self, models, batch):
+        seed = models.random.make_seeds()[:, 0]
+        noise = tf.random.stateless_normal(tf.shape(batch["x"]), seed)
+        return tf.reduce_mean(tf.square(models["line"](batch["x"] + noise) - batch["y"]))
+
+
+def test_make_seeds_under_a_strategy_gives_one_devices_seeds_and_weights():
+    view = ReplicaRandom(tf.random.Generator.from_seed(7), None)
+    seeds = view.make_seeds(3)
+    assert seeds.numpy().tolist() == tf.random.Generator.from_seed(7).make_seeds(3).numpy().tolist()
+    with pytest.raises(AttributeError, match=r"normal, uniform, .*make_seeds .*no 'binomial'"):
+        view.binomial  # noqa: B018
+    weights = {}
+    for strategy in (None, tf.distribute.MirroredStrategy(["/cpu:0"])):
+        result = beatloop.fit(NoisyTiny(), epochs=1, seed=0, strategy=strategy)
+        weights[strategy is None] = [w.numpy() for w in result.models["line"].weights]
+    for one, other in zip(weights[True], weights[False], strict=True):
+        np.testing.assert_array_equal(one, other)

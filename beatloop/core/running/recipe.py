@@ -63,7 +63,7 @@ class Recipe(abc.ABC):
     ``batch_keys`` (key -> minimum rank), ``nested_keys`` (the keys that may hold a dict
     or tuple of tensors: ``x`` by default), ``primary_model`` (the model Keras callbacks
     see), ``source_defaults`` (data source parameters it wants, see
-    ``beatloop.sources``), ``label_classes()`` (label keys -> the config
+    ``beatloop.DataSource``), ``label_classes()`` (label keys -> the config
     field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
