@@ -26,8 +26,8 @@ from beatloop import moved
 
 __version__ = "0.2.0"
 
-#: The public modules besides this one: what recipe, callback and source authors use,
-#: and the command line as a function.
+#: The public modules besides ``beatloop`` itself, by name: what recipe, callback and
+#: source authors use, and the command line as a function (``docs/api.md``).
 PUBLIC_MODULES = (
     "beatloop.cli",
     "beatloop.datasets",
@@ -132,7 +132,7 @@ _EXPORTS = {
     "TrackingWarning": "beatloop.callbacks.mlflow",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "PUBLIC_MODULES"])
 
 
 #: Names that find kinds by name: the registry's module, imported first, hands its lookup.

@@ -155,7 +155,7 @@ def fit(
     checkpoint at the next call boundary and raises ``RunInterrupted`` (``exit_code``
     143; 130 for Ctrl-C). The seed is taken from the checkpoint when omitted; a
     different recipe, config or seed is refused. Data given as a source
-    (``beatloop.named_data.load.NamedData``: what ``beatloop run --data`` passes) has its files'
+    (``beatloop.NamedData``: what ``beatloop run --data`` passes) has its files'
     size, modification time and fingerprint recorded in ``run.json`` (``data_files``); a
     resume on files that changed since is refused (a ``DataError`` naming them) unless
     ``accept_changed_data=True``, which ``run.json`` records (``data_changes``).

@@ -86,6 +86,8 @@ class Listing:
     sources: tuple[Listed, ...]
     failures: tuple[Failure, ...]
     environments: tuple[Listed, ...] = ()
+    #: The registry's warning for each name several plugins registered (none usable).
+    conflicts: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, registry) -> Listing:
@@ -111,11 +113,12 @@ class Listing:
             sources=listed(registry.sources),
             environments=listed(registry.environments),
             failures=tuple(Failure(f.plugin, f.origin, f.error) for f in registry.failures),
+            conflicts=tuple(conflict.message for conflict in registry.conflicts.values()),
         )
 
     def lines(self, verbose: bool) -> list[str]:
         """The lines ``list`` prints (``verbose``: modules, plugins, callbacks, data
-        sources, environments and failed plugins too)."""
+        sources, environments, failed plugins and names several plugins registered too)."""
         width = max((len(r.name) for r in self.recipes), default=4)
         lines = []
         for recipe in self.recipes:
@@ -131,6 +134,7 @@ class Listing:
             ):
                 lines += [f"{kind} {e.name}: {e.module}.{e.qualname} [{e.origin}]" for e in table]
             lines += [f"failed plugin {f.plugin} [{f.origin}]: {f.error}" for f in self.failures]
+            lines += [f"conflict: {message}" for message in self.conflicts]
         return lines
 
     def to_json(self) -> dict:
@@ -148,6 +152,7 @@ class Listing:
             sources=tuple(Listed(**item) for item in data["sources"]),
             environments=tuple(Listed(**item) for item in data.get("environments", ())),
             failures=tuple(Failure(**item) for item in data["failures"]),
+            conflicts=tuple(data.get("conflicts", ())),
         )
 
 

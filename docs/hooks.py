@@ -215,10 +215,22 @@ def pages() -> list[Path]:
     return sorted(DOCS.glob("*.md"))
 
 
+#: Public names the reference cannot render by their path, with the object rendered under
+#: that heading: ``beatloop.recipes`` (the function) is also the package of the built-in
+#: recipes, which is what the path resolves to when the docs are built.
+RENDERED_AS = {"beatloop.recipes": "beatloop.plugins.registry.recipes"}
+
+
 def on_page_markdown(markdown: str, page, **kwargs) -> str:
-    """MkDocs hook: warn about each stale section (a failure under ``--strict``)."""
+    """MkDocs hook: warn about each stale section (a failure under ``--strict``); render a
+    ``::: NAME`` of ``RENDERED_AS`` as its object, headed and anchored by the public name."""
     for key in stale_sections(markdown):
         log.warning(f"{page.file.src_path}: section '{key}' is stale: run {COMMAND}")
+    for public, rendered in RENDERED_AS.items():
+        markdown = markdown.replace(
+            f"\n::: {public}\n",
+            f'\n<a id="{public}"></a>\n\n::: {rendered}\n    options:\n      heading: {public}\n',
+        )
     return markdown
 
 

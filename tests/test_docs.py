@@ -284,14 +284,21 @@ def test_the_api_reference_has_everything_beatloop_exports(site):
     its public path, and rendered."""
     source = (DOCS / "api.md").read_text()
     referenced = re.findall(r"^::: ([\w.]+)$", source, re.M)
-    public = [f"beatloop.{name}" for name in beatloop.__all__ if name != "recipes"]
-    public.append("beatloop.plugins.registry.recipes")  # the package of recipes has the name
+    public = [f"beatloop.{name}" for name in beatloop.__all__]  # public paths only
     for module_name in beatloop.PUBLIC_MODULES:
         public += [f"{module_name}.{name}" for name in importlib.import_module(module_name).__all__]
     assert sorted(referenced) == sorted(public)
     page = (site / "api.html").read_text()
     for path in public:
         assert f'id="{path}"' in page, path
+    # beatloop.recipes, the function (rendered as its object, headed by its public name)
+    after = page.split('id="beatloop.recipes"', 1)[1]
+    assert re.match(
+        r'></a>(</p>)?\s*<div class="doc doc-object doc-function">\s*<h3 id="[\w.]+"', after
+    )
+    heading, said = after.split("</h3>", 1)
+    assert text_of(heading.split(">", 3)[3]).split()[0] == "beatloop.recipes"
+    assert said.split("</p>", 1)[0].endswith("Sorted names of every registered recipe.")
 
 
 def test_the_command_line_page_has_every_commands_help(site):

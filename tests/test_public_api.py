@@ -9,6 +9,7 @@ import ast
 import difflib
 import importlib
 import importlib.machinery
+import inspect
 import re
 import sys
 import tomllib
@@ -69,6 +70,42 @@ def test_the_type_checking_imports_are_the_exports():
     )
     typed = {alias.name: node.module for node in block.body for alias in node.names}
     assert typed == beatloop._EXPORTS
+
+
+def public_path(path: str) -> bool:
+    """Whether ``path`` (``beatloop.X.Y``) is importable from the public surface."""
+    name = path.removeprefix("beatloop.").split(".")[0]
+    if path == "beatloop" or name in beatloop.__all__ or path in beatloop.PUBLIC_MODULES:
+        return True
+    return any(
+        path.startswith(f"{module}.")
+        and path[len(module) + 1 :].split(".")[0] in importlib.import_module(module).__all__
+        for module in beatloop.PUBLIC_MODULES
+    )
+
+
+def test_public_docstrings_name_only_public_paths():
+    """What a plugin author reads (``help()``, the API reference) names the public
+    import of a thing, never its internal module (``beatloop.sources``,
+    ``beatloop.plugins.registry.recipes``): every public name's docstring and its
+    class's members'. ``PUBLIC_MODULES`` is itself public: in ``__all__``, on the page."""
+    assert "PUBLIC_MODULES" in beatloop.__all__
+    assert "::: beatloop.PUBLIC_MODULES" in (ROOT / "docs" / "api.md").read_text()
+    documented = {name: getattr(beatloop, name) for name in beatloop.__all__}
+    for module in beatloop.PUBLIC_MODULES:
+        found = importlib.import_module(module)
+        documented.update({f"{module}.{name}": getattr(found, name) for name in found.__all__})
+    for owner, obj in list(documented.items()):
+        if isinstance(obj, type):
+            members = {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+            documented.update({f"{owner}.{k}": v for k, v in members.items()})
+    internal = {
+        owner: ref.rstrip(".")
+        for owner, obj in documented.items()
+        for ref in re.findall(r"\bbeatloop(?:\.\w+)+", inspect.getdoc(obj) or "")
+        if not public_path(ref.rstrip("."))
+    }
+    assert internal == {}
 
 
 def test_the_version_is_one_in_the_package_the_project_and_the_changelog():

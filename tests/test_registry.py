@@ -1,6 +1,7 @@
 """The recipe registry: built-ins and entry-point plugins through one pluggy hook."""
 
 import importlib
+import re
 import sys
 import textwrap
 import warnings
@@ -12,6 +13,7 @@ from helpers import BUILT_IN_RECIPES, run_python
 
 import beatloop
 from beatloop import RecipeNotFoundError, RegistrationError
+from beatloop.cli import main
 from beatloop.plugins import registry as registry_module
 from beatloop.plugins.registry import Registry
 from beatloop.recipes.supervised import Supervised
@@ -94,14 +96,28 @@ def test_plugin_that_fails_to_import_warns_and_the_rest_loads(install_plugin):
     assert [f.plugin for f in registry.failures] == ["bl_test_broken"]
 
 
-def test_duplicate_recipe_names_name_both_origins(install_plugin):
+def test_two_plugins_registering_one_name_cost_that_name_only(install_plugin, capsys):
+    """A clash is a warning naming both plugins and their packages, like a plugin that
+    fails to import: the name is an error naming both, every other name works."""
     install_plugin("bl-one", "bl_test_one", TINY_RECIPE.format(name="twin"))
     install_plugin("bl-two", "bl_test_two", TINY_RECIPE.format(name="twin"))
-    with pytest.raises(
-        RegistrationError, match=r"registered as 'twin'.*from bl-.*from bl-"
-    ) as caught:
-        Registry()
-    assert "bl-one" in str(caught.value) and "bl-two" in str(caught.value)
+    both = r"recipe 'twin' is registered by .*plugin 'bl_test_one' \(bl-one\)"
+    both += r".*plugin 'bl_test_two' \(bl-two\)"
+    with pytest.warns(RuntimeWarning, match=both):
+        registry = Registry()
+    assert "twin" not in registry.recipes and "supervised" in registry.recipes
+    with pytest.raises(RegistrationError, match=both + ".*uninstall one of the packages"):
+        registry.recipe("twin")
+    registry_module.reset_registry()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", RuntimeWarning)  # the command prints it, one line
+        assert main(["show", "supervised"]) == 0  # every other command works
+        assert re.fullmatch("beatloop: warning: " + both + ".*\n", capsys.readouterr().err)
+        assert main(["show", "twin"]) == 2
+        assert re.search(both, capsys.readouterr().err)
+        assert main(["list", "--verbose"]) == 0
+    listed = capsys.readouterr().out
+    assert "\nsupervised " in listed and "conflict: recipe 'twin' is registered by" in listed
 
 
 def test_hook_without_a_spec_is_refused(install_plugin):

@@ -44,6 +44,8 @@ def run(args) -> int:
         else:  # the warnings loading the plugins gave, one line each as they came
             for failure in found.failures:
                 print(warning_line(failure.message), file=sys.stderr)
+            for message in found.conflicts:
+                print(warning_line(message), file=sys.stderr)
     for line in found.lines(args.verbose):
         print(line)
     return 0

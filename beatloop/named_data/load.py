@@ -36,13 +36,17 @@ DEFAULT_BATCH_SIZE = 32
 
 
 def parse_source(text: str) -> tuple[str, str]:
-    """``"folder:images/"`` -> ``("folder", "images/")``."""
+    """``"folder:images/"`` -> ``("folder", "images/")``; the kind alone (``"ring"`` ->
+    ``("ring", "")``) for a kind that reads no path (``DataSource.needs_path``)."""
     kind, sep, path = text.partition(":")
+    sources = registry().sources
+    if not sep and kind.strip() in sources and not sources[kind.strip()].cls.needs_path:
+        return kind.strip(), ""
     if not sep or not kind.strip() or not path.strip():
-        known = ", ".join(registry().source_names())
+        needs = f"; kind {kind.strip()!r} reads a path" if kind.strip() in sources else ""
         raise ConfigError(
-            f"--data expects KIND:PATH (e.g. folder:images/ or csv:table.csv), got {text!r}; "
-            f"kinds: {known}"
+            f"--data expects KIND:PATH (e.g. folder:images/ or csv:table.csv), got {text!r}"
+            f"{needs}; kinds: {', '.join(registry().source_names())}"
         )
     return kind.strip(), path.strip()
 
@@ -201,16 +205,25 @@ def describe_source(cls: type[DataSource], shared: bool = True) -> list[str]:
     once (``shared_parameters``)."""
     from beatloop.core.schedule.config import config_fields, type_name
 
-    lines = [f"{cls.name}: {cls.description()}", f"  --data {cls.name}:PATH"]
+    named = f"{cls.name}:PATH" if cls.needs_path else f"{cls.name}  (it reads no path)"
+    lines = [f"{cls.name}: {cls.description()}", f"  --data {named}"]
     common = inspect.getdoc(SourceConfig)
-    docs = [inspect.getdoc(c) for c in (SourceConfig, cls.Config) if issubclass(cls.Config, c)]
-    for doc in dict.fromkeys(d for d in docs if d and (shared or d != common)):
+    # A Config's own docstring only: one without (a plugin's) would inherit the paragraph
+    # on the shared parameters, said as if it were the kind's own.
+    docs = [common] if shared and issubclass(cls.Config, SourceConfig) else []
+    if cls.Config is not SourceConfig and vars(cls.Config).get("__doc__"):
+        docs.append(inspect.cleandoc(vars(cls.Config)["__doc__"]))
+    for doc in dict.fromkeys(docs):
         lines += _paragraph(doc, "  ")
     for field in config_fields(cls.Config):
         default = field.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = default.factory()
-        lines.append(f"  {field.name}: {type_name(field.type)} = {default!r}")
+        said = field.metadata.get("doc")  # beatloop.setting(default, doc)'s
+        lines.append(
+            f"  {field.name}: {type_name(field.type)} = {default!r}"
+            + (f"  ({said})" if said else "")
+        )
     return lines
 
 

@@ -31,7 +31,7 @@ from beatloop.core.failures.errors import (
     RegistrationError,
     did_you_mean,
 )
-from beatloop.core.running.recipe import Recipe
+from beatloop.core.running.recipe import Recipe, quality_problem
 from beatloop.core.schedule.beats import Schedule
 from beatloop.core.schedule.phases import Phases, schedules_of
 from beatloop.plugins import builtin, hookspecs
@@ -63,6 +63,29 @@ class PluginFailure:
     plugin: str
     origin: str
     error: str
+
+
+@attrs.frozen
+class Conflict:
+    """One name registered by several plugins as different classes: usable by none."""
+
+    kind: str  # "recipe", "callback", "data source" or "environment"
+    name: str
+    #: Each class with where it came from: ``pkg.Cls from plugin 'p' (dist)``.
+    holders: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        return (
+            f"{self.kind} {self.name!r} is registered by {' and by '.join(self.holders)}: "
+            f"neither is used under that name; uninstall one of the packages or rename "
+            f"one {self.kind}"
+        )
+
+
+def _holder(cls: type, plugin: str, origin: str) -> str:
+    where = "beatloop (built-in)" if origin == BUILTIN else f"plugin {plugin!r} ({origin})"
+    return f"{cls.__module__}.{cls.__qualname__} from {where}"
 
 
 def check_recipe_class(cls: object, origin: str) -> None:
@@ -103,6 +126,8 @@ def _refuse_problems(kind: str, cls: object, base: type, origin: str, build_conf
     if missing:
         problems.append(f"it lacks the method(s) {', '.join(missing)}")
     if base is Recipe:
+        quality = quality_problem(cls.quality_figure)
+        problems += [quality] if quality else []
         problems += _default_problems(cls, missing)
     if problems:
         lines = "\n".join(f"  - {problem}" for problem in problems)
@@ -207,6 +232,8 @@ class Registry:
         self.sources: dict[str, Entry] = {}
         self.environments: dict[str, Entry] = {}
         self.failures: list[PluginFailure] = []
+        #: Names two plugins registered as different classes, by table kind and name.
+        self.conflicts: dict[tuple[str, str], Conflict] = {}
         self._origins: dict[str, str] = {}
         self._add_plugin(builtin, "beatloop.builtin", BUILTIN)
         if load_entry_points:
@@ -246,11 +273,11 @@ class Registry:
         )
 
     def _collect(self) -> None:
-        for hook, table, check in (
-            (self.manager.hook.register_recipes, self.recipes, self._check_recipe),
-            (self.manager.hook.register_callbacks, self.callbacks, self._check_callback),
-            (self.manager.hook.register_data_sources, self.sources, check_source_class),
-            (self.manager.hook.register_environments, self.environments, check_environment_class),
+        for hook, kind, check in (
+            (self.manager.hook.register_recipes, "recipe", self._check_recipe),
+            (self.manager.hook.register_callbacks, "callback", self._check_callback),
+            (self.manager.hook.register_data_sources, "data source", check_source_class),
+            (self.manager.hook.register_environments, "environment", check_environment_class),
         ):
             for impl in hook.get_hookimpls():
                 origin = self._origins[impl.plugin_name]
@@ -265,7 +292,43 @@ class Registry:
                     except RegistrationError as error:
                         self._fail(impl.plugin_name, origin, str(error))
                         continue
-                    self._add(table, cls, origin, impl.plugin_name)
+                    self._add_collected(kind, cls, origin, impl.plugin_name)
+
+    def _table(self, kind: str) -> dict[str, Entry]:
+        return {
+            "recipe": self.recipes,
+            "callback": self.callbacks,
+            "data source": self.sources,
+            "environment": self.environments,
+        }[kind]
+
+    def _add_collected(self, kind: str, cls: type, origin: str, plugin: str) -> None:
+        """Add a plugin's class; a name another plugin registered as another class
+        becomes a ``Conflict``: a warning naming both, the name unusable, and every
+        other name as it was (a clash costs no more than a plugin failing to load)."""
+        table, name = self._table(kind), _name_of(cls)
+        holder = _holder(cls, plugin, origin)
+        conflict = self.conflicts.get((kind, name))
+        if conflict is not None:
+            if holder not in conflict.holders:
+                self.conflicts[kind, name] = attrs.evolve(
+                    conflict, holders=(*conflict.holders, holder)
+                )
+            return
+        existing = table.get(name)
+        if existing is None or existing.cls is cls:
+            table[name] = Entry(name, cls, origin, plugin)
+            return
+        del table[name]
+        first = _holder(existing.cls, existing.plugin, existing.origin)
+        conflict = self.conflicts[kind, name] = Conflict(kind, name, (first, holder))
+        warnings.warn(conflict.message, RuntimeWarning, stacklevel=4)
+
+    def _refuse_conflict(self, kind: str, name: str) -> None:
+        """A ``RegistrationError`` when ``name`` is a conflict of ``kind``."""
+        conflict = self.conflicts.get((kind, name))
+        if conflict is not None:
+            raise RegistrationError(conflict.message)
 
     @staticmethod
     def _check_recipe(cls, origin):
@@ -287,7 +350,7 @@ class Registry:
     def _add(
         table: dict[str, Entry], cls: type, origin: str, plugin: str, runtime: bool = False
     ) -> None:
-        name = cls.callback_name if issubclass(cls, Callback) else cls.name
+        name = _name_of(cls)
         existing = table.get(name)
         if existing is not None and existing.cls is not cls:
             raise RegistrationError(
@@ -302,6 +365,7 @@ class Registry:
         """Register a recipe class from a script or notebook, without packaging."""
         module = getattr(cls, "__module__", "?")
         check_recipe_class(cls, f"beatloop.register in {registration_place(module)}")
+        self._refuse_conflict("recipe", cls.name)
         origin = _runtime_origin(module)
         self._add(self.recipes, cls, origin, cls.__module__, runtime=True)
         return cls
@@ -310,12 +374,14 @@ class Registry:
         """Register a data source class from a script or notebook, without packaging."""
         module = getattr(cls, "__module__", "?")
         check_source_class(cls, f"beatloop.register_data_source in {registration_place(module)}")
+        self._refuse_conflict("data source", cls.name)
         origin = _runtime_origin(module)
         self._add(self.sources, cls, origin, cls.__module__, runtime=True)
         return cls
 
     def source(self, name: str) -> Entry:
         """The data source kind ``name`` (the ``KIND`` of ``--data KIND:PATH``)."""
+        self._refuse_conflict("data source", name)
         return self._named(self.sources, name, "data source kind", "kinds")
 
     def source_names(self) -> list[str]:
@@ -326,11 +392,13 @@ class Registry:
         module = getattr(cls, "__module__", "?")
         place = registration_place(module)
         check_environment_class(cls, f"beatloop.register_environment in {place}")
+        self._refuse_conflict("environment", cls.name)
         self._add(self.environments, cls, _runtime_origin(module), cls.__module__, runtime=True)
         return cls
 
     def environment(self, name: str) -> Entry:
         """The environment ``name`` (what the ``dqn`` recipe's ``env`` names)."""
+        self._refuse_conflict("environment", name)
         return self._named(self.environments, name, "environment", "environments")
 
     def environment_names(self) -> list[str]:
@@ -353,6 +421,7 @@ class Registry:
     def recipe(self, name: str) -> Entry:
         if not isinstance(name, str):
             raise TypeError(f"a recipe name is a string, got {type(name).__name__}")
+        self._refuse_conflict("recipe", name)
         try:
             return self.recipes[name]
         except KeyError:
@@ -360,6 +429,7 @@ class Registry:
             raise RecipeNotFoundError(name, self.recipes, failed) from None
 
     def callback(self, name: str) -> Entry:
+        self._refuse_conflict("callback", name)
         try:
             return self.callbacks[name]
         except KeyError:
@@ -383,6 +453,11 @@ class Registry:
 
     def recipe_names(self) -> list[str]:
         return sorted(self.recipes)
+
+
+def _name_of(cls: type) -> str:
+    """The name a registered class is found by: a callback's ``callback_name``."""
+    return cls.callback_name if issubclass(cls, Callback) else cls.name
 
 
 def registration_place(module: str) -> str:

@@ -92,7 +92,7 @@ def bind(
 
     With ``batch_spec`` given, every beat's loss is traced once on a batch of that spec
     to find claimed variables its loss gives no gradient to, and every ``Update``'s and
-    ``Act``'s function once to find what it assigns (``beatloop.core.compiled.writes``). ``random``
+    ``Act``'s function once to find what it assigns. ``random``
     is the generator losses draw noise from (a fresh one seeded with 0 if omitted). With
     a ``strategy`` the probe is traced on its replicas, where distributed variables have
     gradients. ``forwards`` are the forward functions the schedule's groups name.

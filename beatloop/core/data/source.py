@@ -57,12 +57,17 @@ class DataSource(abc.ABC):
 
     Subclasses set ``name`` (an identifier: the ``KIND`` of ``--data KIND:PATH``) and
     ``Config`` (an attrs frozen class of parameters with defaults, usually a subclass of
-    ``SourceConfig``), and implement ``load``. The first line of the class
+    ``SourceConfig``), and implement ``load``; one that reads no path sets
+    ``needs_path = False`` (``--data KIND``). The first line of the class
     docstring is what ``beatloop data`` shows.
     """
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = SourceConfig
+    #: Whether the source reads a path (``--data KIND:PATH``). ``False``: a source that
+    #: makes its data (or finds it by its parameters) is named ``--data KIND`` alone,
+    #: its ``path`` then ``""`` (``KIND:PATH`` still works, the path given to it).
+    needs_path: ClassVar[bool] = True
 
     def __init__(self, path: str, config: Any = None):
         self.path = path
@@ -76,8 +81,9 @@ class DataSource(abc.ABC):
 
     @property
     def label(self) -> str:
-        """``folder:PATH``: the source as it is named on the command line."""
-        return f"{self.name}:{self.path}"
+        """``folder:PATH`` (``KIND`` for a source given no path): the source as it is
+        named on the command line."""
+        return f"{self.name}:{self.path}" if self.path else self.name
 
     @abc.abstractmethod
     def load(self, seed: int, batch_size: int) -> DataSplit:

@@ -121,6 +121,24 @@ class ReplicaRandom:
     def truncated_normal(self, shape, *args, **kwargs) -> tf.Tensor:
         return self._draw("truncated_normal", shape, *args, **kwargs)
 
+    def make_seeds(self, count: int = 1) -> tf.Tensor:
+        """``count`` seed pairs for stateless random ops (``[2, count]`` int64), as
+        ``tf.random.Generator.make_seeds``: the seeds one device would make, the same on
+        every replica (a stateless draw from them over a replica's rows is not one
+        device's rows: draw those with ``normal`` or ``uniform``)."""
+        return self._whole("make_seeds", count)
+
+    def __getattr__(self, name: str):
+        """A generator method the view lacks: an error naming those it has."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"under a distribution strategy models.random draws through a replica's view of "
+            f"the run's generator, which has normal, uniform, truncated_normal (each made "
+            f"once over the global batch, this replica's rows taken), make_seeds and "
+            f"own_batch; it has no {name!r}"
+        )
+
     def _draw(self, method: str, shape, *args, **kwargs) -> tf.Tensor:
         share = self._share
         if share is None:  # the only replica: its batch is the global batch

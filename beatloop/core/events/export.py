@@ -26,8 +26,7 @@ def export_models(recipe, bound, out: str | Path, checkpoint: str | None = None)
     models = recipe.inference_models(bound.models)
     if not models:
         raise BeatloopError(
-            f"recipe {recipe.name!r} has no inference model to export in this "
-            "configuration (its result is what it saved in the run dir)"
+            f"recipe {recipe.name!r} has no inference model to export: {_why(recipe)}"
         )
     check_export_dir(Path(out))
     paths = {name: Path(out) / name for name in models}
@@ -39,6 +38,21 @@ def export_models(recipe, bound, out: str | Path, checkpoint: str | None = None)
         for name, model in models.items():
             model.export(str(paths[name]), format="tf_saved_model", verbose=False)
     return paths
+
+
+def _why(recipe) -> str:
+    """Why ``recipe.inference_models`` gave nothing: the base class's (the method to
+    define), or the recipe's own, returning none in this configuration."""
+    own = type(recipe).inference_models.__qualname__ != "Recipe.inference_models"
+    if own:
+        return (
+            "its inference_models(models) returned none in this configuration (its result "
+            "is what it saved in the run dir)"
+        )
+    return (
+        "it defines no inference_models(models), the method returning the trained models "
+        "to keep by name (e.g. return {'classifier': models['classifier']})"
+    )
 
 
 @contextmanager

@@ -52,7 +52,7 @@ class EngineOptions:
     """How the engine runs steps, independent of what the recipe computes.
 
     ``steps_per_execution``: steps per compiled call, or ``"auto"``: the engine times its
-    calls and chooses (see ``beatloop.core.running.pacing``). ``steps_per_epoch``: end epochs after
+    calls and chooses (the speed page says how). ``steps_per_epoch``: end epochs after
     that many steps (needed for endless data; the engine takes the recipe's
     ``Recipe.steps_per_epoch`` when this is ``None``). ``checkpoint_every``: also checkpoint
     mid-epoch, at the first call boundary at or after every N steps (a run with a run dir

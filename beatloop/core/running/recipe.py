@@ -63,7 +63,7 @@ class Recipe(abc.ABC):
     ``batch_keys`` (key -> minimum rank), ``nested_keys`` (the keys that may hold a dict
     or tuple of tensors: ``x`` by default), ``primary_model`` (the model Keras callbacks
     see), ``source_defaults`` (data source parameters it wants, see
-    ``beatloop.sources``), ``label_classes()`` (label keys -> the config
+    ``beatloop.DataSource``), ``label_classes()`` (label keys -> the config
     field giving their number of classes), ``quality_figure``, ``build_metrics()`` and
     ``update_metrics()``, ``check_batch_spec()``, ``inference_models()``, and the
     recipe's end-of-epoch work: ``callbacks()``, with ``epoch_figures()`` as the shorthand
@@ -84,7 +84,8 @@ class Recipe(abc.ABC):
     #: augments), and data giving a structure there is refused naming the key.
     nested_keys: ClassVar[frozenset[str]] = frozenset({"x"})
     #: The logged figure that says how good a run's result is, and whether higher is
-    #: better (``beatloop compare`` puts it in its table); none by default.
+    #: better (``beatloop compare`` puts it in its table): ``"val_accuracy:max"`` or
+    #: ``("val_accuracy", "max")`` (a subclass's string is made that pair); none by default.
     quality_figure: ClassVar[tuple[str, str] | None] = None
     #: Models the user supplies (a trained teacher, a pretrained feature network), by
     #: name: required unless ``build_models`` builds a declared fallback; frozen unless a
@@ -111,8 +112,13 @@ class Recipe(abc.ABC):
         self.config = self.Config() if config is None else config
 
     def __init_subclass__(cls, **kwargs):
-        """A subclass's own methods of ``REPORTED`` report what they raise."""
+        """A subclass's own methods of ``REPORTED`` report what they raise; its
+        ``quality_figure`` written ``"FIGURE:MODE"`` becomes the pair every reader takes
+        (a form neither way is left for registration to refuse: ``quality_problem``)."""
         super().__init_subclass__(**kwargs)
+        quality = vars(cls).get("quality_figure")
+        if isinstance(quality, str) and quality_problem(quality) is None:
+            cls.quality_figure = tuple(quality.split(":"))
         for method in REPORTED:
             function = vars(cls).get(method)
             # The base class's own (a subclass undoing a parent's) stays itself: unwrapped.
@@ -226,6 +232,24 @@ class Recipe(abc.ABC):
         """Callbacks this recipe adds to every run of it (e.g. one that saves samples);
         hand them the recipe (``SampleGrid(self)``) rather than reading ``run.recipe``."""
         return []
+
+
+def quality_problem(quality: object) -> str | None:
+    """What is wrong with a ``quality_figure`` (``None``: nothing): it is ``None``,
+    ``"FIGURE:min"``/``"FIGURE:max"`` or the pair ``("FIGURE", "min"/"max")``."""
+    pair = quality.split(":") if isinstance(quality, str) else quality
+    if quality is None or (
+        isinstance(pair, tuple | list)
+        and len(pair) == 2
+        and all(isinstance(part, str) for part in pair)
+        and pair[0].strip() == pair[0] != ""
+        and pair[1] in ("min", "max")
+    ):
+        return None
+    return (
+        "its quality_figure must be 'FIGURE:min' or 'FIGURE:max' (or the pair "
+        f"('FIGURE', 'max')), found {quality!r}"
+    )
 
 
 #: A recipe's methods called outside any step (those that build a run's parts, and its
