@@ -30,6 +30,7 @@ from beatloop.core.data.batches import (
 from beatloop.core.devices.workers import worker_of, write_dir
 from beatloop.core.events.callbacks import Callback, Order
 from beatloop.core.failures.errors import ConfigError, RunInterrupted
+from beatloop.core.failures.fields import FieldError
 from beatloop.core.running.engine import Engine
 from beatloop.core.running.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.running.pacing import AUTO
@@ -360,10 +361,11 @@ def _check_counts(epochs, seed, op_determinism=None) -> None:
 
 
 def engine_options(**values) -> EngineOptions:
+    """``EngineOptions(**values)``; a value refused names ``fit``'s argument."""
     try:
         return EngineOptions(**values)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"invalid engine option: {error}") from None
+    except FieldError as error:
+        raise error.owned_by("fit") from None
 
 
 def _seed_everything(seed: int | None, asked: bool | None, run_dir: Path | None) -> int:

@@ -64,7 +64,7 @@ def warn_ignored_settings(
     if fraction is not None and data is not None and not callable(data):
         warn(
             f"config validation_fraction={fraction} (--set validation_fraction={fraction}) has "
-            f"no effect: it holds out part of {label}'s built-in data, and data= is given; "
+            f"no effect: it holds out part of the built-in data of {label}, and data= is given; "
             "pass validation data in data= (a (train, validation) pair or a DataSplit)"
         )
     names = recipe.model_names()
@@ -72,8 +72,8 @@ def warn_ignored_settings(
         return
     for name in sorted(set(changed) & model_only_fields(type(recipe), recipe.label_classes())):
         warn(
-            f"config {name}={changed[name]!r} (--set {name}=...) has no effect: only {label}'s "
-            f"build_models reads it, and models= gives every model the recipe uses "
+            f"config {name}={changed[name]!r} (--set {name}=...) has no effect: only the "
+            f"build_models of {label} reads it, and models= gives every model the recipe uses "
             f"({', '.join(names)}); build the models you pass with it instead"
         )
 
