@@ -50,7 +50,7 @@ from beatloop.core.saving.run_dir import (
 )
 from beatloop.core.saving.run_lock import RunDirLock
 from beatloop.core.schedule.config import make_config
-from beatloop.ignored_settings import warn_ignored_settings
+from beatloop.ignored_settings import warn_ignored_settings, warn_precision_unused
 from beatloop.named_data.recorded import (
     data_facts,
 )
@@ -223,6 +223,7 @@ def fit(
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     warn_ignored_settings(recipe, config, data=data, models=models)
+    warn_precision_unused(models, precision)
     build = functools.partial(
         _build_engine, recipe, data, (seed, op_determinism), models=models, optimizers=optimizers,
         options=options, callbacks=callbacks, progress=progress, label=label,

@@ -5,6 +5,9 @@ clipping under a strategy."""
 
 from __future__ import annotations
 
+import warnings
+
+import keras
 import pytest
 from gated_recipes import Classifier, digit_batches
 
@@ -38,3 +41,28 @@ def test_an_epoch_figure_named_as_a_beats_update_count_is_refused():
     result = fit(Counting("policy_updates", only_if="bright"), digit_batches(50))
     assert result.history["policy_updates"] == [123.0]
     assert result.history["loss_updates"][0] < 4  # the run's own count, kept
+
+
+def test_a_float32_model_passed_to_a_mixed_precision_run_is_named_in_a_warning():
+    from helpers import classifier
+
+    from beatloop.core.failures.errors import IgnoredSettingWarning
+
+    data = digit_batches(50)
+    with pytest.warns(IgnoredSettingWarning) as caught:
+        fit("supervised", data, models={"model": classifier(16)}, precision="mixed_float16")
+    (message,) = [str(w.message) for w in caught if w.category is IgnoredSettingWarning]
+    assert message == (
+        "precision='mixed_float16' has no effect on model 'model' passed in models=: it was "
+        "built under the float32 policy, so it computes in float32, under loss scaling; "
+        "build it under the policy (keras.mixed_precision.set_global_policy("
+        "'mixed_float16') before creating it) to compute in float16"
+    )
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        mixed = classifier(16)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredSettingWarning)
+        fit("supervised", data, models={"model": mixed}, precision="mixed_float16")
