@@ -5,6 +5,7 @@ clipping under a strategy."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import keras
@@ -66,3 +67,30 @@ def test_a_float32_model_passed_to_a_mixed_precision_run_is_named_in_a_warning()
     with warnings.catch_warnings():
         warnings.simplefilter("error", IgnoredSettingWarning)
         fit("supervised", data, models={"model": mixed}, precision="mixed_float16")
+
+
+class _Lines(logging.Handler):
+    """The messages TensorFlow's Python logger emits while installed."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_many_accumulating_fits_in_one_process_trace_no_flush_anew():
+    """TensorFlow counts a tf.function's traces by its Python code, shared by every run's
+    step: from the fifth fit, one traced per fit warned of retracing."""
+    logger, lines = logging.getLogger("tensorflow"), _Lines()
+    level = logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.WARNING)
+    try:
+        for _ in range(6):
+            fit(Classifier(accumulate=2), digit_batches(25, count=50))
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    assert [line for line in lines.lines if "retracing" in line] == []
