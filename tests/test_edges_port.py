@@ -5,14 +5,19 @@ clipping under a strategy."""
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
+from pathlib import Path
 
 import keras
 import pytest
 from gated_recipes import Classifier, digit_batches
+from helpers import run_python
 
 import beatloop
+
+WORKERS = Path(__file__).parent / "workers"
 
 
 def fit(recipe, data, epochs=1, **options):
@@ -94,3 +99,17 @@ def test_many_accumulating_fits_in_one_process_trace_no_flush_anew():
         logger.removeHandler(lines)
         logger.setLevel(level)
     assert [line for line in lines.lines if "retracing" in line] == []
+
+
+@pytest.mark.slow
+def test_an_optimizers_own_clipping_on_two_replicas_equals_one_device(tmp_path):
+    """Keras clips what each replica hands its optimizer: without the global gradients
+    handed once, each replica's half was clipped at accumulate=1 (and the global sum at
+    accumulate=4), about 1e-2 away from one device (``workers/optimizer_clip_mirrored.py``)."""
+    out = tmp_path / "clip.json"
+    run_python(WORKERS / "optimizer_clip_mirrored.py", out)
+    report = json.loads(out.read_text())
+    assert report["replicas"] == 2
+    for name, figures in report["runs"].items():
+        assert figures["moved"] > 1e-3, name
+        assert figures["max_difference"] < 1e-6, name
