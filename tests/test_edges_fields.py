@@ -134,3 +134,12 @@ def test_the_beat_docstring_names_every_form_of_its_condition():
         "fn(models, batch, loss, gradients)",
     ):
         assert form in " ".join(Beat.__doc__.split())
+
+
+def test_a_field_error_survives_pickling():
+    import pickle
+
+    with pytest.raises(ConfigError) as caught:
+        Beat(*BEAT, every=0)
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert str(again) == str(caught.value) and again.field == "every"

@@ -27,6 +27,9 @@ class FieldError(ConfigError, TypeError):
         self.owner, self.field, self.problem = owner, field, problem
         super().__init__(f"{owner}({field}=...){problem}")
 
+    def __reduce__(self):  # pickled (a trial's error, sent back) with its three parts
+        return FieldError, (self.owner, self.field, self.problem)
+
     def owned_by(self, owner: str) -> FieldError:
         """This error naming ``owner`` (``fit``, whose arguments become the class's fields)."""
         return FieldError(owner, self.field, self.problem)
