@@ -30,6 +30,7 @@ from beatloop.core.data.batches import (
 from beatloop.core.devices.workers import worker_of, write_dir
 from beatloop.core.events.callbacks import Callback, Order
 from beatloop.core.failures.errors import ConfigError, RunInterrupted
+from beatloop.core.failures.fields import FieldError
 from beatloop.core.running.engine import Engine
 from beatloop.core.running.options import DIVERGENCE_WINDOW, EngineOptions
 from beatloop.core.running.pacing import AUTO
@@ -49,7 +50,7 @@ from beatloop.core.saving.run_dir import (
 )
 from beatloop.core.saving.run_lock import RunDirLock
 from beatloop.core.schedule.config import make_config
-from beatloop.ignored_settings import warn_ignored_settings
+from beatloop.ignored_settings import warn_ignored_settings, warn_precision_unused
 from beatloop.named_data.recorded import (
     data_facts,
 )
@@ -222,6 +223,7 @@ def fit(
     label = registry().describe_origin(recipe) if isinstance(recipe, str) else None
     recipe = make_recipe(recipe, config)
     warn_ignored_settings(recipe, config, data=data, models=models)
+    warn_precision_unused(models, precision)
     build = functools.partial(
         _build_engine, recipe, data, (seed, op_determinism), models=models, optimizers=optimizers,
         options=options, callbacks=callbacks, progress=progress, label=label,
@@ -361,10 +363,11 @@ def _check_counts(epochs, seed, op_determinism=None) -> None:
 
 
 def engine_options(**values) -> EngineOptions:
+    """``EngineOptions(**values)``; a value refused names ``fit``'s argument."""
     try:
         return EngineOptions(**values)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"invalid engine option: {error}") from None
+    except FieldError as error:
+        raise error.owned_by("fit") from None
 
 
 def _seed_everything(seed: int | None, asked: bool | None, run_dir: Path | None) -> int:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+import keras
 
 from beatloop.core.data.batches import as_data_split
 from beatloop.core.data.data_origin import is_loop_data
@@ -64,7 +65,7 @@ def warn_ignored_settings(
     if fraction is not None and data is not None and not callable(data):
         warn(
             f"config validation_fraction={fraction} (--set validation_fraction={fraction}) has "
-            f"no effect: it holds out part of {label}'s built-in data, and data= is given; "
+            f"no effect: it holds out part of the built-in data of {label}, and data= is given; "
             "pass validation data in data= (a (train, validation) pair or a DataSplit)"
         )
     names = recipe.model_names()
@@ -72,9 +73,31 @@ def warn_ignored_settings(
         return
     for name in sorted(set(changed) & model_only_fields(type(recipe), recipe.label_classes())):
         warn(
-            f"config {name}={changed[name]!r} (--set {name}=...) has no effect: only {label}'s "
-            f"build_models reads it, and models= gives every model the recipe uses "
+            f"config {name}={changed[name]!r} (--set {name}=...) has no effect: only the "
+            f"build_models of {label} reads it, and models= gives every model the recipe uses "
             f"({', '.join(names)}); build the models you pass with it instead"
+        )
+
+
+def warn_precision_unused(models: Mapping | None, precision: str) -> None:
+    """Warn of each model passed in ``models=`` that computes in float32 although the run
+    is mixed-precision: the policy applies to the models a recipe builds, not to the
+    user's, which then train in float32 (under loss scaling, for float16)."""
+    if precision == "float32":
+        return
+    half = precision.removeprefix("mixed_")
+    for name, model in sorted((models or {}).items()):
+        if not isinstance(model, keras.Layer):
+            continue  # a .keras path: loaded with the policies it was saved with
+        layers = [model, *getattr(model, "layers", ())]
+        if any(layer.dtype_policy.compute_dtype == half for layer in layers):
+            continue
+        scaled = ", under loss scaling" if half == "float16" else ""
+        warn(
+            f"precision={precision!r} has no effect on model {name!r} passed in models=: it "
+            f"was built under the float32 policy, so it computes in float32{scaled}; build "
+            f"it under the policy (keras.mixed_precision.set_global_policy({precision!r}) "
+            f"before creating it) to compute in {half}"
         )
 
 

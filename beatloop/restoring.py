@@ -222,7 +222,7 @@ def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit
         if split.validation is None:
             advice = LOOP_DATA_ADVICE if is_loop_data(split.train) else "pass data="
             raise DataError(
-                f"recipe {recipe.name!r}'s built-in data has no validation split: {advice}"
+                f"the built-in data of recipe {recipe.name!r} has no validation split: {advice}"
             )
         return split
     evaluation = as_evaluation_data(data)
@@ -243,8 +243,8 @@ def _built_in_split(run_path: Path, recipe: Recipe, stored) -> DataSplit:
     built = spec_record(split.train.element_spec)
     if built != stored.data:
         raise DataError(
-            f"the run in {run_path} trained on other batches than recipe "
-            f"{recipe.name!r}'s built-in data ({spec_differences(stored.data, built)}): "
+            f"the run in {run_path} trained on other batches than the built-in "
+            f"data of recipe {recipe.name!r} ({spec_differences(stored.data, built)}): "
             "pass data= with batches like its training batches"
         )
     return split

@@ -5,6 +5,7 @@ back), and the window of recent losses is checkpointed with the run."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -341,16 +342,16 @@ def test_an_old_checkpoint_resumes_with_the_guard_on_to_that_codes_result(tmp_pa
 @pytest.mark.parametrize(
     "options, problem",
     [
-        ({"divergence": 0.5}, "'divergence' must be a finite number > 1"),
-        ({"divergence": 1}, "'divergence' must be a finite number > 1"),
-        ({"divergence": float("inf")}, "'divergence' must be a finite number > 1"),
-        ({"divergence": "x"}, "'divergence' must be None or a number > 1"),
-        ({"divergence": True}, "'divergence' must be None or a number > 1"),
-        ({"divergence": 10, "divergence_window": 0}, "'divergence_window' must be >= 1"),
+        ({"divergence": 0.5}, "divergence=...) takes None or a finite number > 1"),
+        ({"divergence": 1}, "divergence=...) takes None or a finite number > 1"),
+        ({"divergence": float("inf")}, "divergence=...) takes None or a finite number > 1"),
+        ({"divergence": "x"}, "divergence=...) takes None or a finite number > 1"),
+        ({"divergence": True}, "divergence=...) takes None or a finite number > 1"),
+        ({"divergence": 10, "divergence_window": 0}, "divergence_window=...) takes an int >= 1"),
     ],
 )
 def test_a_bad_factor_or_window_is_a_config_error(options, problem):
-    with pytest.raises(ConfigError, match=f"invalid engine option: {problem}"):
+    with pytest.raises(ConfigError, match=re.escape(f"fit({problem}")):
         beatloop.fit("supervised", **options)
 
 

@@ -75,7 +75,7 @@ def test_validation_fraction_with_data_given_is_named_as_having_no_effect(small_
     result, (message,) = _ignored(lambda: beatloop.fit("supervised", data=data, config=config))
     assert message == (
         "config validation_fraction=0.3 (--set validation_fraction=0.3) has no effect: it "
-        "holds out part of recipe 'supervised''s built-in data, and data= is given; pass "
+        "holds out part of the built-in data of recipe 'supervised', and data= is given; pass "
         "validation data in data= (a (train, validation) pair or a DataSplit)"
     )
     assert "val_loss" not in result.history
@@ -88,8 +88,8 @@ def test_a_config_field_only_build_models_reads_is_named_when_models_are_given(s
         lambda: beatloop.fit("supervised", data=data, config=config, models={"model": classifier()})
     )
     assert messages == [
-        f"config {name} (--set {name.partition('=')[0]}=...) has no effect: only recipe "
-        "'supervised''s build_models reads it, and models= gives every model the recipe "
+        f"config {name} (--set {name.partition('=')[0]}=...) has no effect: only the "
+        "build_models of recipe 'supervised' reads it, and models= gives every model the recipe "
         "uses (model); build the models you pass with it instead"
         for name in ("dropout=0.1", "hidden=128")
     ]  # learning_rate goes to the optimizer; classes names the labels' classes

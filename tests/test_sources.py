@@ -356,7 +356,7 @@ def test_unknown_kinds_and_bad_parameters_are_usage_errors(tmp_path, digits_csv,
     code = _run(tmp_path, "gan", "--data", f"csv:{path}", "--data-set", "lable=digit")
     assert "has no config field 'lable' (did you mean 'label'?)" in _error(capsys, code, 2)
     code = _run(tmp_path, "gan", "--data", f"csv:{path}", "--data-set", "validation_fraction=1")
-    assert "validation_fraction must be in [0, 1), got 1.0" in _error(capsys, code, 2)
+    assert "validation_fraction=...) takes a number in [0, 1), got 1.0" in _error(capsys, code, 2)
     code = _run(tmp_path, "gan", "--data", f"csv:{path}", "--data-set", "batch_size")
     assert "--data-set expects NAME=VALUE, got 'batch_size'" in _error(capsys, code, 2)
     code = _run(tmp_path, "gan", "--data-set", "batch_size=8")

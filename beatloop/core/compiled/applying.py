@@ -10,7 +10,9 @@ They also see the global batch's gradients: on several replicas each replica's
 gradients (its loss weighted by its share) are summed over replicas first, as one device
 would compute them; the optimizer then sums what every replica hands it, so the first
 replica hands the transformed (or combined) gradient and the others zeros, and the sum is
-that gradient exactly (``handed_once``).
+that gradient exactly (``handed_once``). An optimizer that clips itself (``clipnorm``,
+``global_clipnorm``, ``clipvalue``: Keras clips what each replica hands it, before the
+sum) is handed the global gradients once too, so it clips them as on one device.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def apply_update(beat, grads, *, summed: bool = False) -> None:
     constraint. ``summed``: the gradients are already the global batch's on every
     replica (accumulated sums), handed to the optimizer once."""
     variables = list(beat.variables)
-    if beat.transform is not None or summed:
+    if beat.transform is not None or summed or clips(beat.optimizer):
         context = replicated()
         if context is not None and not summed:
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
@@ -48,6 +50,17 @@ def apply_update(beat, grads, *, summed: bool = False) -> None:
             grads = handed_once(context, grads)
     beat.optimizer.apply(grads, variables)
     constrain(beat)
+
+
+def clips(optimizer) -> bool:
+    """Whether ``optimizer`` (or the one a loss-scaling optimizer wraps) clips the
+    gradients it is handed (``clipnorm``, ``global_clipnorm`` or ``clipvalue``)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return any(getattr(inner, name, None) is not None for name in CLIPS)
+
+
+#: A Keras optimizer's own clipping options.
+CLIPS = ("clipnorm", "global_clipnorm", "clipvalue")
 
 
 def apply_gradients(group, gradients: list[list], *, summed: bool = False) -> None:

@@ -96,7 +96,7 @@ def _where(group: BoundGroup) -> str:
 
 
 def _no_gradient(beat: BoundBeat, variable) -> str:
-    where = "its" if beat.group is None else f"its group {beat.group.name!r}'s forward and"
+    where = "its" if beat.group is None else f"the forward of its group {beat.group.name!r} and"
     return (
         f"beat {beat.name!r} claims variable {variable.path!r}, but {where} loss "
         f"{beat.loss_name!r} gives it no gradient (is the model called "

@@ -118,7 +118,7 @@ class CompiledLoop:
         #: What applies the sums of accumulating entries at an epoch's end (``flush``).
         self._flush = None
         if getattr(step, "accumulates", False):
-            self._flush = tf.function(step.flush, autograph=False) if compiled else step.flush
+            self._flush = _traced_once(step.flush) if compiled else step.flush
         if jit_compile and compiled:
             # XLA compiles the step; the loop around it pulls from the iterator, which
             # XLA cannot compile. A new batch shape (a short last batch) compiles anew.
@@ -275,3 +275,17 @@ class CompiledLoop:
                 self._limits[limit] = tf.constant(limit, tf.int32)
             status, checks = self._multi(iterator, self._limits[limit])
         return CallResult.read(status, checks)
+
+
+def _traced_once(fn: Callable) -> Callable:
+    """``fn`` traced on its first call, then called as that concrete function: calls of a
+    ``tf.function`` count toward TensorFlow's retracing warning by the method's code,
+    which every loop of the process shares (a fifth fit's flush would warn)."""
+    function, concrete = tf.function(fn, autograph=False), []
+
+    def call():
+        if not concrete:
+            concrete.append(function.get_concrete_function())
+        return concrete[0]()
+
+    return call

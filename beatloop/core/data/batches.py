@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from beatloop.core.data.paths import first_tensor, is_nested, spec_paths
 from beatloop.core.failures.errors import DataError
+from beatloop.core.failures.fields import one_line_frozen
 
 TUPLE_KEYS = ("x", "y", "sample_weight")
 
@@ -25,7 +26,7 @@ TUPLE_KEYS = ("x", "y", "sample_weight")
 _MAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-@attrs.frozen
+@one_line_frozen
 class DataSplit:
     """A training data set and an optional validation data set, both batched."""
 

@@ -17,18 +17,24 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from beatloop.core.failures.fields import FieldError, one_line_frozen
+
 if TYPE_CHECKING:  # the annotation only: the warning below is importable without TensorFlow
     from beatloop.core.data.batches import DataSplit
 
 
 def _fraction(instance, attribute, value) -> None:
     if not 0 <= value < 1:
-        raise ValueError(f"{attribute.name} must be in [0, 1), got {value}")
+        raise FieldError(
+            type(instance).__name__, attribute.name, f" takes a number in [0, 1), got {value}"
+        )
 
 
 def _positive_or_none(instance, attribute, value) -> None:
     if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+        raise FieldError(
+            type(instance).__name__, attribute.name, f" takes a number > 0, got {value}"
+        )
 
 
 class InferredSettingWarning(UserWarning):
@@ -36,7 +42,7 @@ class InferredSettingWarning(UserWarning):
     size and colour mode), said each time the source is read: what the run trains on."""
 
 
-@attrs.frozen
+@one_line_frozen
 class SourceConfig:
     """Parameters every built-in source has.
 

@@ -39,6 +39,7 @@ from beatloop.core.failures.errors import (
     UserCodeError,
     did_you_mean,
 )
+from beatloop.core.failures.fields import one_line_frozen
 from beatloop.moved import current_path
 
 EVENTS = (
@@ -79,7 +80,7 @@ def _at_least_one(instance, attribute, value) -> None:
         raise CallbackError(f"when({attribute.name}=...) takes an integer >= 1, got {value!r}")
 
 
-@attrs.frozen
+@one_line_frozen
 class EventFilter:
     """When a filtered event method runs: at every ``every``-th epoch or step, or
     ``once``, at the ``once``-th (give one of them)."""

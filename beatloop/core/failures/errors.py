@@ -319,7 +319,7 @@ class ResumeWarning(UserWarning):
 
 class IgnoredSettingWarning(UserWarning):
     """A setting a run is given that has no effect on it (``validation_fraction`` with
-    ``data=``, a field only ``build_models`` reads when ``models=`` gives every model)."""
+    ``data=``, a field only ``build_models`` reads; mixed precision on a float32 model)."""
 
 
 class RunawayLossWarning(RuntimeWarning):

@@ -7,6 +7,7 @@ import math
 import attrs
 
 from beatloop.core.compiled.loop import MAX_STEPS_PER_EXECUTION
+from beatloop.core.failures.fields import FieldError, one_line_frozen
 from beatloop.core.running.pacing import AUTO_CEILING
 
 ON_NAN = ("raise", "rollback")
@@ -22,32 +23,25 @@ def _steps_per_execution(instance, attribute, value) -> None:
     """An integer K in [1, MAX_STEPS_PER_EXECUTION), or ``"auto"``."""
     if value == "auto":
         return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{attribute.name!r} must be an integer >= 1 or 'auto', got {value!r}")
-    if not 1 <= value < MAX_STEPS_PER_EXECUTION:
-        raise ValueError(
-            f"{attribute.name!r} must be >= 1 and < {MAX_STEPS_PER_EXECUTION} (or 'auto'), "
-            f"got {value!r}"
-        )
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value < MAX_STEPS_PER_EXECUTION
+    ):
+        wanted = f"an int >= 1 and < {MAX_STEPS_PER_EXECUTION}, or 'auto'"
+        raise FieldError("EngineOptions", attribute.name, f" takes {wanted}, got {value!r}")
 
 
 def _factor(instance, attribute, value) -> None:
     """``None``, or a finite number above 1 (not a bool)."""
-    if value is None:
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if value is None or (number and math.isfinite(value) and value > 1):
         return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(
-            f"{attribute.name!r} must be None or a number > 1 (the factor over the running "
-            f"median), got {value!r}"
-        )
-    if not (math.isfinite(value) and value > 1):
-        raise ValueError(
-            f"{attribute.name!r} must be a finite number > 1 (the factor over the running "
-            f"median), got {value!r}"
-        )
+    wanted = "None or a finite number > 1 (the factor over the running median)"
+    raise FieldError("EngineOptions", attribute.name, f" takes {wanted}, got {value!r}")
 
 
-@attrs.frozen
+@one_line_frozen
 class EngineOptions:
     """How the engine runs steps, independent of what the recipe computes.
 

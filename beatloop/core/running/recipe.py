@@ -281,7 +281,8 @@ def _reported(function: Callable, method: str) -> Callable:
 
 class EpochFigures(Callback):
     """Logs a recipe's ``Recipe.epoch_figures`` with each epoch, before any other
-    callback sees the epoch's logs."""
+    callback sees the epoch's logs; a figure named as one the run logs itself (a beat's
+    loss, its ``<beat>_updates`` count, a metric) is refused rather than replacing it."""
 
     order = Order.FIGURES
 
@@ -289,7 +290,22 @@ class EpochFigures(Callback):
         self.recipe = recipe
 
     def on_epoch_end(self, run: Run, epoch: int, logs: dict[str, float]) -> None:
-        logs.update(self.recipe.epoch_figures(run))
+        figures = self.recipe.epoch_figures(run)
+        if taken := sorted(set(figures) & set(logs)):
+            names = ", ".join(repr(name) for name in taken)
+            raise ConfigError(
+                f"recipe {self.recipe.name!r}: epoch_figures() returns {names}, which the run "
+                f"logs itself ({_whose(taken[0])}); give the recipe's figure another "
+                "name, so neither replaces the other"
+            )
+        logs.update(figures)
+
+
+def _whose(figure: str) -> str:
+    """What the run's own figure ``figure`` is, in words."""
+    if figure.endswith("_updates"):
+        return f"the number of updates {figure.removesuffix('_updates')!r} made in the epoch"
+    return "a loss or a metric of the epoch"
 
 
 def defines(recipe: Recipe | type[Recipe], method: str) -> bool:

@@ -18,6 +18,7 @@ import attrs
 import tensorflow as tf
 
 from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.failures.fields import FieldError, one_line_frozen
 from beatloop.core.schedule.conditions import check_condition, condition_words
 from beatloop.core.schedule.transforms import (  # noqa: F401  (the built-in transforms' old home)
     ClipByGlobalNorm,
@@ -43,18 +44,20 @@ def _as_tuple(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def _identifier(instance, attribute, value) -> None:
     if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(
-            f"{type(instance).__name__}.{attribute.name} must be a Python-style name "
-            f"(letters, digits, underscores), got {value!r}"
+        raise FieldError(
+            type(instance).__name__,
+            attribute.name,
+            f" takes a Python-style name (letters, digits, underscores), got {value!r}",
         )
 
 
 def _selectors(instance, attribute, value) -> None:
     for selector in value:
         if not isinstance(selector, str) or not selector:
-            raise ValueError(
-                f"{type(instance).__name__}.{attribute.name} holds selectors like 'model' or "
-                f"'model:dense/*', got {selector!r}"
+            raise FieldError(
+                type(instance).__name__,
+                attribute.name,
+                f" holds selectors like 'model' or 'model:dense/*', got {selector!r}",
             )
 
 
@@ -65,7 +68,7 @@ _positive_float = [attrs.validators.instance_of((int, float)), attrs.validators.
 # --- post-update constraints ---------------------------------------------------------
 
 
-@attrs.frozen
+@one_line_frozen
 class ClipValues:
     """After each update, clip the beat's variables into ``[low, high]`` (e.g. pixels
     into [0, 1] when the variable being trained is an image)."""
@@ -90,7 +93,7 @@ Constraint = ClipValues
 # --- beats and schedules -------------------------------------------------------------
 
 
-@attrs.frozen
+@one_line_frozen
 class Beat:
     """One gradient update of a training step.
 
@@ -107,8 +110,9 @@ class Beat:
     the updated variables after it. ``log`` chooses the figure logged under the beat's name:
     ``"mean"`` (its loss averaged over the epoch's steps and repeats, weighted by batch
     size, as Keras's loss tracker) or ``"last"`` (the last step's last repeat).
-    ``only_if`` (a recipe method's name or a function ``fn(models, batch)`` or
-    ``fn(models, batch, loss)`` returning a scalar boolean) is asked at the beat's turn,
+    ``only_if`` (a recipe method's name or a function ``fn(models, batch)``,
+    ``fn(models, batch, loss)`` or ``fn(models, batch, loss, gradients)``, its gradients
+    aligned with its variables, returning a scalar boolean) is asked at the beat's turn,
     after its loss and gradients: when false nothing changes (no update, no optimizer
     step). ``accumulate=N`` sums the gradients of N turns (weighted by their batch sizes)
     and applies them once, as one update on the N batches together (docs/schedules.md).
@@ -138,7 +142,7 @@ class Beat:
             object.__setattr__(self, "name", self.loss)
         _identifier(self, attrs.fields(Beat).name, self.name)
         if not self.updates:
-            raise ValueError(f"beat {self.name!r} updates no variables: give `updates`")
+            raise FieldError("Beat", "updates", f": beat {self.name!r} updates no variables")
         example = "beatloop.ClipByNorm(1.0)"
         check_gradient_fn(self.transform, "transform", f"beat {self.name!r}", example)
 
@@ -194,7 +198,7 @@ def _grouped_beats(instance, attribute, value) -> None:
             )
 
 
-@attrs.frozen
+@one_line_frozen
 class Group:
     """Beats updated *simultaneously*: one forward computation, every beat's gradients
     taken from the same state, then each beat's optimizer applies its own.
@@ -263,7 +267,7 @@ def _flat(entries) -> tuple[Beat, ...]:
     )
 
 
-@attrs.frozen
+@one_line_frozen
 class Schedule:
     """The ordered entries of one training step (beats, groups of beats, updates such
     as ``EMA``, acts), and the variables frozen or shared. ``beats`` holds every entry.

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from beatloop.core.failures.errors import ConfigError, did_you_mean
+from beatloop.core.failures.fields import attrs_problem
 
 
 def setting(default: Any, doc: str, validator=None) -> Any:
@@ -60,7 +61,8 @@ def make_config(config_cls: type, overrides: Mapping[str, Any] | None, owner: st
     try:
         return config_cls(**values)
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"invalid config for {owner}: {error}") from None
+        problem = attrs_problem(error, owner) or f"invalid config for {owner}: {error}"
+        raise ConfigError(problem) from None
 
 
 def parse_settings(settings: Iterable[str], config_cls: type, owner: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import re
 import attrs
 
 from beatloop.core.failures.errors import ConfigError, ScheduleError
+from beatloop.core.failures.fields import one_line_frozen
 from beatloop.core.schedule.beats import Schedule
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,7 +47,7 @@ def _epochs(instance, attribute, value) -> None:
         )
 
 
-@attrs.frozen
+@one_line_frozen
 class Phase:
     """``epochs`` epochs of training with ``schedule``; ``epochs=None`` (the last phase
     only) runs it for the rest of the run."""
@@ -80,7 +81,7 @@ def _phases(instance, attribute, value) -> None:
         raise ScheduleError(problems, "Phases")
 
 
-@attrs.frozen(init=False)
+@one_line_frozen(init=False)
 class Phases:
     """The phases of a run, in order: ``Phases(Phase(...), Phase(...))``. What a
     recipe's ``schedule()`` returns when its schedule changes at epoch boundaries."""

@@ -17,6 +17,7 @@ import attrs
 import keras
 
 from beatloop.core.failures.errors import ConfigError
+from beatloop.core.failures.fields import one_line_frozen
 from beatloop.core.schedule.beats import Schedule
 from beatloop.core.schedule.phases import Phases, schedules_of
 
@@ -26,7 +27,7 @@ def _text(instance, attribute, value) -> None:
         raise ValueError(f"SuppliedModel.{attribute.name} must be a non-empty text, got {value!r}")
 
 
-@attrs.frozen
+@one_line_frozen
 class SuppliedModel:
     """A model the user supplies: what it is, in one line, and what the recipe's
     ``build_models`` builds in its place when the user supplies none (``None``: nothing,

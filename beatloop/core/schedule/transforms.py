@@ -19,6 +19,7 @@ import attrs
 import tensorflow as tf
 
 from beatloop.core.failures.errors import ConfigError, ScheduleError
+from beatloop.core.failures.fields import one_line_frozen
 
 SIGNATURE = "fn(gradients, variables) -> gradients"
 
@@ -95,7 +96,7 @@ def described(fn) -> str:
 # --- built-in transforms ---------------------------------------------------------------
 
 
-@attrs.frozen
+@one_line_frozen
 class ClipByGlobalNorm:
     """Scale all of a beat's gradients together so their global norm is at most ``norm``."""
 
@@ -109,7 +110,7 @@ class ClipByGlobalNorm:
         return f"clip by global norm {self.norm:g}"
 
 
-@attrs.frozen
+@one_line_frozen
 class ClipByNorm:
     """Clip each gradient tensor separately to an L2 norm of at most ``norm``."""
 
@@ -122,7 +123,7 @@ class ClipByNorm:
         return f"clip each tensor to norm {self.norm:g}"
 
 
-@attrs.frozen
+@one_line_frozen
 class ClipByValue:
     """Clip every gradient element into ``[-value, value]``."""
 
@@ -141,7 +142,7 @@ GradientTransform = Callable[[list, list], list]
 # --- built-in combinations -------------------------------------------------------------
 
 
-@attrs.frozen
+@one_line_frozen
 class PCGrad:
     """Gradient surgery (Yu et al., "Gradient Surgery for Multi-Task Learning", NeurIPS
     2020): each task's gradient, flattened over the shared variables, is projected onto

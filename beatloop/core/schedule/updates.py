@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.failures.fields import one_line_frozen
 from beatloop.core.schedule.conditions import check_condition, condition_words
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -119,7 +120,7 @@ def qualname(fn: Callable) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
-@attrs.frozen
+@one_line_frozen
 class Update:
     """A step entry that assigns variables without a gradient: ``fn(models)`` with every
     model in inference mode (``models.raw(name)`` for its variables, ``models.state``,
@@ -151,7 +152,7 @@ class Update:
         return " ".join([described, *condition_words(self.only_if)])
 
 
-@attrs.frozen
+@one_line_frozen
 class EMA:
     """Polyak averaging of a target network (BYOL, MoCo, mean teacher): each of the
     target's trainable variables ``t`` becomes ``decay * t + (1 - decay) * s``, where
@@ -188,7 +189,7 @@ class EMA:
         return " ".join([described, *condition_words(self.only_if), *evaluated])
 
 
-@attrs.frozen
+@one_line_frozen
 class Copy:
     """A hard target update (DQN's): each of the target's trainable variables becomes
     the source's variable at the same place (paired in order, shapes checked at bind).
@@ -212,7 +213,7 @@ class Copy:
         return " ".join([f"{described} every={self.every}", *condition_words(self.only_if)])
 
 
-@attrs.frozen
+@one_line_frozen
 class Act:
     """Acting or collecting inside the training step: ``fn(models, batch)`` with every
     model in inference mode, writing recipe state (``models.state``: an environment
