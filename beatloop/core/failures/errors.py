@@ -318,8 +318,8 @@ class ResumeWarning(UserWarning):
 
 
 class IgnoredSettingWarning(UserWarning):
-    """A setting a run is given that has no effect on it (``validation_fraction`` with
-    ``data=``, a field only ``build_models`` reads when ``models=`` gives every model)."""
+    """A setting a run is given that has no effect on it, or not the one asked for
+    (``validation_fraction`` with ``data=``, an ``only_if`` never true: docs/errors.md)."""
 
 
 class RunawayLossWarning(RuntimeWarning):
