@@ -73,7 +73,7 @@ class Profiler(Callback):
             self._ignored(f"this run resumed at step {run.step}, after it; give a range from "
                           f"step {run.step} on")  # fmt: skip
 
-    def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
         if self._epoch_from is None:
             return
         steps, self._epoch_from = run.step - self._epoch_from, None
