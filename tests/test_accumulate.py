@@ -179,6 +179,30 @@ def test_accumulate_is_refused_inside_a_group_and_must_be_a_positive_count():
         beatloop.Group("forward", [beat])
 
 
+def test_repeat_with_accumulate_is_refused_on_a_beat_and_a_group():
+    """Their turns would all see the same weights: repeat=2, accumulate=2 summed one
+    batch twice into one plain update a step, silently cancelling the repeat."""
+    words = r"beat 'loss' sets repeat=2 with accumulate=2, which do not combine"
+    with pytest.raises(beatloop.ScheduleError, match=words):
+        beatloop.Beat("loss", "optimizer", "model", repeat=2, accumulate=2)
+    beat = beatloop.Beat("loss", "optimizer", "model")
+    with pytest.raises(beatloop.ScheduleError, match=r"group 'forward' sets repeat=3 with acc"):
+        beatloop.Group("forward", [beat], repeat=3, accumulate=4)
+
+
+def test_an_accumulation_larger_than_the_epoch_is_warned_of_once_naming_both_numbers():
+    """7 steps an epoch: accumulate=10 makes one update an epoch, of 7 batches (each
+    epoch's end applies the partial sum); with every=2 the beat has 4 turns."""
+    words = r"beat 'loss' has accumulate=10, more than the 7 turns epoch 1 gave it"
+    with pytest.warns(beatloop.IgnoredSettingWarning, match=words) as caught:
+        result = fit(Classifier(accumulate=10), digit_batches(32), epochs=2)
+    assert len(caught) == 1 and "of 7 batches; give accumulate=7 or less" in str(caught[0].message)
+    assert result.history["loss_updates"] == [1.0, 1.0]
+    with pytest.warns(beatloop.IgnoredSettingWarning, match=r"more than the 4 turns epoch 1"):
+        fit(Classifier(accumulate=10, every=2), digit_batches(32), epochs=1)
+    fit(Classifier(accumulate=7), digit_batches(32), epochs=1)  # one full sum: no warning
+
+
 @pytest.mark.slow
 def test_a_run_killed_in_the_middle_of_an_accumulation_resumes_bit_identical(tmp_path):
     """25 steps an epoch, an update every 4 and one at the epoch's end; checkpoints

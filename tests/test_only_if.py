@@ -72,12 +72,16 @@ def test_a_false_condition_moves_nothing_and_its_loss_is_still_logged():
     never = lambda models, batch: tf.constant(False)  # noqa: E731
     recipe = Classifier(lambda: keras.optimizers.Adam(1e-2), only_if=never, ema="loss")
     start = all_weights(recipe.build_models(None))
-    result = fit(recipe, digit_batches(32), epochs=1)
+    words = r"beat 'loss' made no update in epoch 1: its condition '.*<lambda>' \(only_if\) he"
+    with pytest.warns(beatloop.IgnoredSettingWarning, match=words) as caught:
+        result = fit(recipe, digit_batches(32), epochs=2)
+    assert len(caught) == 1  # once, at the first epoch's end
+    assert "none of its 7 turns" in str(caught[0].message)
     optimizer = result.bound.optimizers["optimizer"]
     assert_same_weights(all_weights(result.models), start)  # the model and its EMA target
     assert int(optimizer.iterations) == 0
     assert all(not np.any(v.numpy()) for v in optimizer.variables[2:])  # Adam's moments
-    assert result.history["loss_updates"] == [0.0]
+    assert result.history["loss_updates"] == [0.0, 0.0]
     assert result.history["loss"][0] > 1.0  # the figure of a loss that was computed
 
 
@@ -193,13 +197,35 @@ def test_conditions_are_printed_recorded_and_refused_clearly(tmp_path):
         fit(Classifier(ema=takes_loss), digit_batches(32), epochs=1)
 
 
-def test_a_condition_that_fails_names_itself_and_keeps_its_cause():
+def test_a_condition_that_fails_names_itself_and_its_beat_and_keeps_its_cause():
     def broken(models, batch):
         raise KeyError("no such figure")
 
-    with pytest.raises(beatloop.UserCodeError, match="condition") as caught:
-        fit(Classifier(only_if=broken), digit_batches(32), epochs=1)
+    words = "condition 'broken' of beat 'rebuild' failed"
+    with pytest.raises(beatloop.UserCodeError, match=words) as caught:
+        fit(Classifier(only_if=broken, name="rebuild"), digit_batches(32), epochs=1)
     assert isinstance(caught.value.__cause__, KeyError)
+
+
+def test_a_condition_must_return_a_boolean_not_a_number_nor_a_python_bool():
+    """An integer tensor was taken as true (a float refused); ``bool(loss > 0.05)`` got
+    TensorFlow's advice about eager mode: both are refused as the step is traced,
+    naming the condition, its beat and what it returned or did."""
+
+    def as_int(models, batch):
+        return tf.constant(1)
+
+    def as_python_bool(models, batch, loss):
+        return bool(loss > 0.05)
+
+    words = r"condition '.*as_int' of beat 'rebuild' returned int32; it must return a scalar bool"
+    with pytest.raises(ScheduleError, match=words):
+        fit(Classifier(only_if=as_int, name="rebuild"), digit_batches(32), epochs=1)
+    words = r"condition '.*as_python_bool' of beat 'loss' uses a tensor as a Python bool.*return"
+    with pytest.raises(ScheduleError, match=words) as caught:
+        fit(Classifier(only_if=as_python_bool), digit_batches(32), epochs=1)
+    assert isinstance(caught.value.__cause__, tf.errors.OperatorNotAllowedInGraphError)
+    assert fit(Classifier(only_if=lambda models, batch: True), digit_batches(32), epochs=1)
 
 
 @pytest.mark.slow

@@ -46,3 +46,18 @@ def test_the_command_line_profiles_and_bad_ranges_are_refused(tmp_path, capsys):
         beatloop.fit("supervised", epochs=1, profile=(1, 2))
     assert main([*argv[:-1], "9:3"]) != 0
     assert "profile needs 0 <= start < stop" in capsys.readouterr().err
+
+
+def test_a_range_past_the_run_or_passed_by_a_resume_is_warned_of_and_traces_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    options = {"seed": 0, "progress": False, "config": {"batch_size": 64}, "run_dir": run_dir}
+    words = r"profile 1000:1010 traces nothing: the run's steps are 0 to 45 \(2 epochs of 23\)"
+    with pytest.warns(beatloop.IgnoredSettingWarning, match=words) as caught:
+        beatloop.fit("supervised", epochs=2, profile=(1000, 1010), **options)
+    assert len(caught) == 1 and not traces(run_dir)
+    words = r"profile 2:4 traces nothing: this run resumed at step 46, after it"
+    with pytest.warns(beatloop.IgnoredSettingWarning, match=words) as caught:
+        resumed = beatloop.fit("supervised", epochs=3, profile=(2, 4), **options)
+    assert len(caught) == 1 and resumed.resumed_from is not None and not traces(run_dir)
+    beatloop.fit("supervised", epochs=4, profile=(70, 72), **options)  # reached: no warning
+    assert len(traces(run_dir)) == 1

@@ -3,12 +3,13 @@ tab (``fit(profile=(20, 30))``, ``beatloop run --profile 20:30``)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import tensorflow as tf
 
-from beatloop import Callback, ConfigError, Order, Run
+from beatloop import Callback, ConfigError, IgnoredSettingWarning, Order, Run
 
 
 def profile_range(value) -> tuple[int, int]:
@@ -42,7 +43,9 @@ class Profiler(Callback):
     at ``stop`` (``next_boundary``): the trace holds exactly those steps at any
     ``steps_per_execution`` (calls inside the range keep their K; the weights do not
     depend on where calls end). A range a resumed run has partly passed is traced from
-    the resume on; one the run never reaches records nothing.
+    the resume on; one it has wholly passed, or one past the run's last step (known at
+    the end of its first epoch), records nothing and is warned of
+    (``IgnoredSettingWarning``).
     """
 
     callback_name = "profile"
@@ -52,6 +55,8 @@ class Profiler(Callback):
         self.start, self.stop = profile_range(steps)
         self.log_dir = None if log_dir is None else Path(log_dir)
         self._tracing = False
+        #: The first step of the first epoch this process runs; ``None`` once judged.
+        self._epoch_from: int | None = None
         #: The steps the trace holds, once recorded: ``(first, last + 1)``.
         self.traced: tuple[int, int] | None = None
 
@@ -63,6 +68,28 @@ class Profiler(Callback):
                     "or a Profiler(log_dir=...)"
                 )
             self.log_dir = Path(run.run_dir) / "tensorboard"
+        self._epoch_from = run.step - int(run.counters.epoch_batches)
+        if run.step >= self.stop:
+            self._ignored(f"this run resumed at step {run.step}, after it; give a range from "
+                          f"step {run.step} on")  # fmt: skip
+
+    def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        if self._epoch_from is None:
+            return
+        steps, self._epoch_from = run.step - self._epoch_from, None
+        last = run.step + (run.epochs - run.epoch) * steps - 1
+        if self.start > last:
+            self._ignored(f"the run's steps are 0 to {last} ({run.epochs} epochs of {steps}); "
+                          f"give a range below {last + 1}")  # fmt: skip
+
+    def _ignored(self, why: str) -> None:
+        """Warn that the range traces nothing, and forget it."""
+        self._epoch_from = None
+        warnings.warn(
+            f"profile {self.start}:{self.stop} traces nothing: {why}",
+            IgnoredSettingWarning,
+            stacklevel=3,
+        )
 
     def next_boundary(self, run: Run) -> int | None:
         step = run.step

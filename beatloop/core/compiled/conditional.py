@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from beatloop.core.compiled.forward import ModelCalls
 from beatloop.core.compiled.user_code import call_user
-from beatloop.core.failures.errors import ScheduleError
+from beatloop.core.failures.errors import ScheduleError, UserCodeError
 from beatloop.core.schedule.conditions import EXPECTED, condition_arity, condition_name
 
 
@@ -26,12 +26,19 @@ class Condition:
     """A bound ``only_if``: the function ``fn`` asked with ``arity`` arguments (3: the
     entry's loss too; 4: and its gradients), or ``after``, the name of the gradient
     entry whose update in this step it follows (an update's condition); ``shown`` is
-    how errors name it."""
+    how errors name it; ``kind`` and ``entry`` the entry it gates (``beat``, ``rebuild``)."""
 
     shown: str
     fn: Callable | None = None
     arity: int = 2
     after: str | None = None
+    kind: str = "beat"
+    entry: str = ""
+
+    @property
+    def named(self) -> str:
+        """The condition and its entry, as messages name them."""
+        return f"condition {self.shown!r} of {self.kind} {self.entry!r}"
 
 
 def bind_condition(
@@ -45,8 +52,9 @@ def bind_condition(
         return None
     kind = type(entry).__name__
     where = f"{kind} {entry.name!r}: only_if={condition_name(only_if)}"
+    owner = {"kind": kind.lower() if kind in ("Beat", "Group") else kind, "entry": entry.name}
     if isinstance(only_if, str) and only_if in entries:
-        return Condition(only_if, after=only_if)
+        return Condition(only_if, after=only_if, **owner)
     if isinstance(only_if, str):
         if only_if not in methods:
             named = f"the name of a beat or group ({', '.join(entries)}) or " if entries else ""
@@ -61,7 +69,7 @@ def bind_condition(
             f"{where} takes a loss, but an update has none: give fn(models, batch), or the "
             "name of the beat it follows"
         )
-    return Condition(condition_name(only_if), fn, arity)
+    return Condition(condition_name(only_if), fn, arity, **owner)
 
 
 def holds(
@@ -72,8 +80,8 @@ def holds(
     when it holds on all of them."""
     calls = ModelCalls(models, frozenset(), random, batch, state, gathering)
     args = (calls, batch, loss, gradients)[: condition.arity]
-    value = call_user(condition.fn, "condition", condition.shown, *args)
-    value = _checked(value, condition.shown)
+    value = _asked(condition, args)
+    value = _checked(value, condition)
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return value
@@ -81,28 +89,50 @@ def holds(
     return tf.equal(refusals, 0)
 
 
-def _checked(value, shown: str) -> tf.Tensor:
-    """A condition's value as a scalar boolean tensor, else a ScheduleError (when traced)."""
+def _asked(condition: Condition, args: tuple):
+    """The condition's function called; an error in it names the condition and its
+    entry. A tensor turned into a Python bool (``bool(loss > 0.05)``), which a traced
+    step cannot do, is a ScheduleError saying to return the tensor (found when the step
+    is traced, before the run trains)."""
+    what, beat = "condition", condition.entry
+    if condition.kind != "beat":
+        what, beat = f"{condition.kind} {condition.entry!r}: condition", None
+    try:
+        return call_user(condition.fn, what, beat, *args)
+    except UserCodeError as error:
+        if not isinstance(error.original, tf.errors.OperatorNotAllowedInGraphError):
+            raise
+        refused = ScheduleError(
+            [
+                f"{condition.named} uses a tensor as a Python bool (bool(...) or an if/and/or "
+                "AutoGraph could not convert); return the tensor itself, e.g. "
+                "`return loss > 0.05`, combined with tf.logical_and/tf.logical_or"
+            ]
+        )
+        refused.original = error.original  # its cause, which a re-raise from None drops
+        raise refused from error.original
+
+
+def _checked(value, condition: Condition) -> tf.Tensor:
+    """A condition's value as a scalar boolean tensor, else a ScheduleError (when traced):
+    a number (an integer 0 or 1 too, as a float) is refused: a condition is a boolean."""
     try:
         tensor = tf.convert_to_tensor(value)
     except (TypeError, ValueError):
         tensor = None
-    if (
-        tensor is None
-        or tensor.shape.rank not in (0, None)
-        or not (tensor.dtype.is_bool or tensor.dtype.is_integer)
-    ):
-        dtype = getattr(value, "dtype", None)
+    if tensor is None or tensor.shape.rank not in (0, None) or not tensor.dtype.is_bool:
+        dtype = getattr(value, "dtype", None) if tensor is None else tensor.dtype
         found = type(value).__name__ if dtype is None else tf.as_dtype(dtype).name
         shape = getattr(tensor, "shape", None)
         raise ScheduleError(
             [
-                f"condition {shown!r} returned {found}"
+                f"{condition.named} returned {found}"
                 + (f" of shape {tuple(shape)}" if shape is not None and shape.rank else "")
-                + "; it must return a scalar boolean tensor (e.g. tf.reduce_mean(kl) < 0.02)"
+                + "; it must return a scalar boolean tensor (e.g. tf.reduce_mean(kl) < 0.02, "
+                "or tf.cast(x, tf.bool) for a number)"
             ]
         )
-    return tf.cast(tensor, tf.bool) if not tensor.dtype.is_bool else tensor
+    return tensor
 
 
 def global_gradients(grads, scale) -> list:

@@ -291,7 +291,9 @@ def schedule_errors(label: str, spec):
         yield
     except UserCodeError as error:
         raise error.in_recipe(label, batch_shapes(spec)) from error.original
-    except BeatloopError:
+    except BeatloopError as error:
+        if getattr(error, "original", None) is not None:  # its cause, kept apart
+            raise error from error.original
         raise
     except (ValueError, TypeError, tf.errors.OpError) as error:
         raise DataError(failure_message(label, "schedule", spec, error)) from None

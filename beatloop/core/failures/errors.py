@@ -318,8 +318,8 @@ class ResumeWarning(UserWarning):
 
 
 class IgnoredSettingWarning(UserWarning):
-    """A setting a run is given that has no effect on it (``validation_fraction`` with
-    ``data=``, a field only ``build_models`` reads; mixed precision on a float32 model)."""
+    """A setting a run is given that has no effect, or not the one asked for (an ``only_if``
+    never true, mixed precision on a float32 model: docs/errors.md)."""
 
 
 class RunawayLossWarning(RuntimeWarning):

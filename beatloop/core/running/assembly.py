@@ -29,7 +29,7 @@ from beatloop.core.devices.collectives import Gathering
 from beatloop.core.devices.replicas import splits_batches
 from beatloop.core.devices.strategy_scope import check_every, check_made_in_scope
 from beatloop.core.events.callbacks import Callback
-from beatloop.core.events.loss_watch import loss_watches
+from beatloop.core.events.update_watch import run_watches
 from beatloop.core.failures.errors import (
     ConfigError,
     did_you_mean,
@@ -158,7 +158,7 @@ def _assemble(
         validation_metrics=validation_metrics,
         train_loop=loops[0][0],
         validation_loop=loops[0][1],
-        callbacks=(*recipe_callbacks(recipe), *loss_watches(beats, options.divergence)),
+        callbacks=(*recipe_callbacks(recipe), *run_watches(beats, bounds, options.divergence)),
         record=RunRecord.of(recipe, bounds[0], spec, seed, options.precision, schedule),
         divergence=guards[0],
         validation_random=validation_random,

@@ -20,6 +20,7 @@ import tensorflow as tf
 from beatloop.core.failures.errors import ScheduleError
 from beatloop.core.failures.fields import FieldError, one_line_frozen
 from beatloop.core.schedule.conditions import check_condition, condition_words
+from beatloop.core.schedule.rhythm import check_rhythm
 from beatloop.core.schedule.transforms import (  # noqa: F401  (the built-in transforms' old home)
     ClipByGlobalNorm,
     ClipByNorm,
@@ -143,6 +144,7 @@ class Beat:
         _identifier(self, attrs.fields(Beat).name, self.name)
         if not self.updates:
             raise FieldError("Beat", "updates", f": beat {self.name!r} updates no variables")
+        check_rhythm(self, "beat")
         example = "beatloop.ClipByNorm(1.0)"
         check_gradient_fn(self.transform, "transform", f"beat {self.name!r}", example)
 
@@ -235,6 +237,7 @@ class Group:
         if self.name is None:
             object.__setattr__(self, "name", self.forward)
         _identifier(self, attrs.fields(Group).name, self.name)
+        check_rhythm(self, "group")
         check_gradient_fn(self.combine, "combine", f"group {self.name!r}", "beatloop.PCGrad()")
 
     def describe(self) -> str:
