@@ -52,9 +52,9 @@ def test_an_epoch_a_rollback_skipped_whole_logs_no_training_figure_and_is_never_
     said = [str(w.message) for w in warned if "trained no step" in str(w.message)]
     assert said == [
         "epoch 2 trained no step (a rollback skipped every batch it took): its training "
-        "figures (loss, accuracy) are missing from its logs, history.jsonl and trackers; "
-        "its val_ figures are those of the models the rollback restored; keep_best, "
-        "compare and tune pass over them"
+        "figures (loss, accuracy) are missing from its logs, history.jsonl and trackers, "
+        "and keep_best, compare and tune pass over them; its validation, if any, ran on "
+        "the models the rollback restored"
     ]
     rows = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert set(rows[1]) == {"epoch", "step", "val_loss", "val_accuracy"}

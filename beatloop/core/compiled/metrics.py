@@ -9,6 +9,7 @@ a callback looks (``LazyLogs``).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Mapping
 
 import keras
@@ -155,7 +156,7 @@ class StepMetrics:
         value; an epoch in which no beat ran (a rollback skipped all its batches) has
         none but its update counts, which truly are 0."""
         beats = [self.losses[name] for name in self._beats]
-        trained = not beats or any(float(mean.count) > 0 for mean in beats)
+        trained = not beats or any(_read(mean.count) > 0 for mean in beats)
         counts = {self.prefix + name + UPDATES for name in self.updates}
         missing = [
             name
@@ -168,7 +169,30 @@ class StepMetrics:
 
 def _empty(metric: keras.metrics.Metric) -> bool:
     """Whether ``metric`` is a mean over nothing (its ``result()`` a made-up 0)."""
-    return isinstance(metric, keras.metrics.Mean) and not float(metric.count)
+    return isinstance(metric, keras.metrics.Mean) and not _read(metric.count)
+
+
+def _read(variable) -> float:
+    """A metric variable's value (summed over replicas under a strategy)."""
+    return float(keras.ops.convert_to_numpy(variable))
+
+
+def epoch_figures(metrics: StepMetrics, run, epoch: int) -> dict[str, float]:
+    """Epoch ``epoch``'s training figures (``epoch_results``), the missing ones named in
+    ``run.missing_figures``; an epoch that trained no step (every beat's figure missing:
+    a rollback skipped all its batches) is said in a warning."""
+    logs, run.missing_figures = metrics.epoch_results()
+    missing = run.missing_figures
+    if missing and all(beat.name in missing for beat in run.bound.beats):
+        warnings.warn(
+            f"epoch {epoch + 1} trained no step (a rollback skipped every batch it took): "
+            f"its training figures ({', '.join(missing)}) are missing from its logs, "
+            "history.jsonl and trackers, and keep_best, compare and tune pass over them; "
+            "its validation, if any, ran on the models the rollback restored",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return logs
 
 
 class LazyLogs(Mapping[str, float]):

@@ -10,14 +10,13 @@ between them.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import keras
 import tensorflow as tf
 
-from beatloop.core.compiled.metrics import LazyLogs
+from beatloop.core.compiled.metrics import LazyLogs, epoch_figures
 from beatloop.core.compiled.op_errors import data_errors
 from beatloop.core.compiled.phased import check_epochs, enter_phase
 from beatloop.core.compiled.user_code import in_recipe
@@ -181,12 +180,11 @@ class Engine:
         if self._train_epoch(done) == 0:
             raise DataError(f"the training data set gave no batches in epoch {epoch}")
         self.parts.train_loop.flush()  # an accumulation's last, partial update
-        logs, run.missing_figures = self.parts.train_metrics.epoch_results()
+        logs = epoch_figures(self.parts.train_metrics, run, epoch)
         if self.stream.has_validation:
             logs.update(self.validate(run))
         if self.options.steps_per_epoch is None:
             self.stream.end_pass()  # each epoch is one pass over the data
-        warn_if_untrained(run, epoch, logs)
         counters.end_epoch()
         self.callbacks.fire("epoch_end", run, epoch, logs)  # figures, then writers
         self.recovery.save(logs)
@@ -250,23 +248,3 @@ class Engine:
         if steps_per_execution in (None, AUTO):
             steps_per_execution = self.pace.steps if self.pace.settled else EVALUATION_STEPS
         return self.evaluation.evaluate(data, steps_per_execution=steps_per_execution)
-
-
-def warn_if_untrained(run: Run, epoch: int, logs: Mapping[str, float]) -> None:
-    """Say so when epoch ``epoch`` trained no step (every beat's figure missing: a
-    rollback skipped all its batches), and what that does to its figures."""
-    missing = run.missing_figures
-    if not missing or any(beat.name not in missing for beat in run.bound.beats):
-        return
-    validated = (
-        " its val_ figures are those of the models the rollback restored;"
-        if any(name.startswith("val_") for name in logs)
-        else ""
-    )
-    warnings.warn(
-        f"epoch {epoch + 1} trained no step (a rollback skipped every batch it took): its "
-        f"training figures ({', '.join(missing)}) are missing from its logs, history.jsonl "
-        f"and trackers;{validated} keep_best, compare and tune pass over them",
-        RuntimeWarning,
-        stacklevel=3,
-    )
