@@ -174,7 +174,7 @@ def _empty(metric: keras.metrics.Metric) -> bool:
 
 def _read(variable) -> float:
     """A metric variable's value (summed over replicas under a strategy)."""
-    return float(keras.ops.convert_to_numpy(variable))
+    return float(tf.convert_to_tensor(variable))
 
 
 def epoch_figures(metrics: StepMetrics, run, epoch: int) -> dict[str, float]:
