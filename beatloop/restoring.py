@@ -33,6 +33,11 @@ from beatloop.core.running.engine import Engine
 from beatloop.core.running.recipe import Recipe, defines
 from beatloop.core.running.result import FitResult
 from beatloop.core.saving import op_determinism as determinism
+from beatloop.core.saving.checkpoint_files import (
+    UnreadableCheckpoint,
+    checkpoint_files,
+    first_line,
+)
 from beatloop.core.saving.checkpoints import latest_record
 from beatloop.core.saving.passed import passed_parts, refuse_not_kept
 from beatloop.core.saving.record import read_run_json
@@ -184,12 +189,17 @@ def _restored_engine(
         trains=False,  # its training loop traced only if it is ever called
         **parts,
     )
-    engine.resume(checkpoint)
+    try:
+        engine.resume(checkpoint)
+    except UnreadableCheckpoint as error:  # only a best is asked for by name
+        why = f"cannot be read ({first_line(error.__cause__ or error)})"
+        raise CheckpointError(_best_lost(run_path, why)) from error
     return engine
 
 
 def _best_checkpoint(run_path: Path) -> str:
-    """The name of the best epoch's checkpoint ``run.json`` records (``keep_best``)."""
+    """The name of the best epoch's checkpoint ``run.json`` records (``keep_best``),
+    refused when its files are gone."""
     best = read_run_json(run_path / "run.json").get("best")
     if not isinstance(best, dict) or not best.get("checkpoint"):
         raise CheckpointError(
@@ -197,7 +207,30 @@ def _best_checkpoint(run_path: Path) -> str:
             "trained without keep_best (--keep-best), or has not finished an epoch with it; "
             "leave out best (--best) for its latest checkpoint"
         )
-    return best["checkpoint"]
+    name, folder = best["checkpoint"], run_path / "checkpoints"
+    if not (folder / f"{name}.index").is_file() or not any(folder.glob(f"{name}.data-*")):
+        raise CheckpointError(_best_lost(run_path, "is gone (its files were deleted or moved)"))
+    return name
+
+
+def _best_lost(run_path: Path, why: str) -> str:
+    """Why the best epoch's checkpoint cannot be restored, and what still can."""
+    best = read_run_json(run_path / "run.json")["best"]
+    name, folder = best["checkpoint"], run_path / "checkpoints"
+    others = [Path(p).name for p in checkpoint_files(folder) if Path(p).name != name]
+    value = best.get("value")
+    epoch = f"epoch {best.get('epoch')}, {best.get('figure')} " + (
+        f"{value:.4g}" if isinstance(value, float) else str(value)
+    )
+    then = (
+        f"leave out best (--best) to use the run's latest checkpoint, {others[-1]}"
+        if others
+        else "the run dir holds no other checkpoint either"
+    )
+    return (
+        f"the best epoch's checkpoint {name} that {run_path / 'run.json'} names ({epoch}) "
+        f"{why}; nothing was changed: {then}"
+    )
 
 
 def _evaluation_split(run_path: Path, recipe: Recipe, stored, data) -> DataSplit:

@@ -148,6 +148,49 @@ def test_a_study_with_no_finished_trial_fails_with_its_trials_code(tmp_path):
     refuse_if_none_finished(load_study(finished), finished)  # one finished: no error
 
 
+def test_a_study_whose_trials_all_stopped_unfinished_fails_naming_the_first(tmp_path):
+    spec = spec_in(tmp_path / "study", trials=3)
+    study = load_study(spec, create=True)
+    for _ in range(3):  # asked and never told: left running in the study
+        ask_within_budget(study, spec, _distributions(spec))
+    ending = "ended with status 5 (trial 1: the disk is full)"
+    unfinished = {2: (-9, "was killed by SIGKILL"), 1: (5, ending)}
+    with pytest.raises(StudyFailed) as failed:
+        refuse_if_none_finished(study, spec, unfinished)
+    assert str(failed.value) == (
+        "study 'supervised' has no finished trial: 2 of its 3 trial(s) stopped unfinished "
+        f"(trial 1: its process {ending}); each trial's log is in {spec.out / 'logs'}: put "
+        "its cause right, then the same command resumes them"
+    )
+    assert failed.value.exit_code == 5
+    with pytest.raises(StudyFailed) as failed:
+        refuse_if_none_finished(study, spec, {0: (-9, "was killed by SIGKILL")})
+    assert failed.value.exit_code == 128 + 9
+    refuse_if_none_finished(study, spec)  # running elsewhere, not left by this command
+    study.tell(0, 1.0)
+    refuse_if_none_finished(study, spec, unfinished)  # one finished: shown as it is
+
+
+@pytest.mark.slow
+def test_tune_whose_every_trial_stopped_unfinished_exits_with_its_code(tmp_path, capsys):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "trial-0000").touch()  # a file where the trial's run dir goes: exit 5, unfinished
+    code = main(["tune", "supervised", "--space", *SPACE, "--trials", "1", "--epochs", "1",
+                 "--out", str(out)])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 5, captured.err
+    (line,) = [line for line in captured.err.splitlines() if line.startswith("beatloop:")]
+    assert line.startswith(
+        "beatloop: error: study 'supervised' has no finished trial: 1 of its 1 trial(s) "
+        f"stopped unfinished (trial 0: its process ended with status 5 (trial 0: the run dir "
+        f"{out}/trial-0000 is a file, not a folder"
+    ), line
+    assert line.endswith(f"each trial's log is in {out / 'logs'}: put its cause right, "
+                         "then the same command resumes them")  # fmt: skip
+    assert "running" not in captured.out  # no table of a study that finished nothing
+
+
 def test_a_complete_trial_that_reported_no_epoch_is_shown(tmp_path):
     spec = _filled(tmp_path / "study", trials=2)  # told values, never reported a step
     table = format_trials(load_study(spec), spec)

@@ -6,6 +6,7 @@ The supervised recipe at a learning rate of 1.0 on its built-in digits: its vali
 loss falls to a low at epoch 5 of 6 and rises again, so the best epoch is not the last."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -101,6 +102,40 @@ def test_best_without_a_kept_best_is_a_clear_error(kept, capsys):
         beatloop.restore(stopped_dir, best=True)
     assert main(["export", str(stopped_dir), str(stopped_dir.parent / "out"), "--best"]) != 0
     assert "keeps no best epoch" in capsys.readouterr().err
+
+
+def test_a_best_checkpoint_gone_or_damaged_is_named_and_the_latest_still_serves(
+    kept, tmp_path, capsys
+):
+    run_dir, _, _, _ = kept
+    best = best_of(run_dir)
+    gone, damaged = tmp_path / "gone", tmp_path / "damaged"
+    for copy in (gone, damaged):
+        shutil.copytree(run_dir, copy)
+    for path in (gone / "checkpoints").glob(f"{best['checkpoint']}.*"):
+        path.unlink()
+    (data,) = (damaged / "checkpoints").glob(f"{best['checkpoint']}.data-*")
+    data.write_bytes(b"\xff" * data.stat().st_size)
+    latest = f"ckpt-{EPOCHS + 1}"
+    named = (
+        f"the best epoch's checkpoint {best['checkpoint']} that {gone}/run.json names (epoch "
+        f"{best['epoch']}, val_loss {best['value']:.4g}) is gone (its files were deleted or "
+        f"moved); nothing was changed: leave out best (--best) to use the run's latest "
+        f"checkpoint, {latest}"
+    )
+    with pytest.raises(beatloop.CheckpointError) as caught:
+        beatloop.restore(gone, best=True)
+    assert str(caught.value) == named
+    for command in (["evaluate", str(gone), "--best"],
+                    ["export", str(gone), str(tmp_path / "out"), "--best"]):  # fmt: skip
+        assert main(command) == 5
+        err = capsys.readouterr().err
+        assert err.splitlines() == [f"beatloop: error: {named}"], err
+    with pytest.raises(beatloop.CheckpointError, match=r"\) cannot be read \(.+\); nothing was"):
+        beatloop.restore(damaged, best=True)
+    # Without best, the latest checkpoint, untouched, serves as it always did.
+    assert beatloop.restore(gone).epochs == beatloop.restore(damaged).epochs == EPOCHS
+    assert main(["evaluate", str(gone)]) == 0
 
 
 def test_the_best_survives_a_resume_that_extends_the_epochs(kept, tmp_path):

@@ -133,6 +133,20 @@ def test_a_run_logs_its_params_figures_by_epoch_schedule_and_files(tmp_path, emp
     assert (tmp_path / "mlflow" / "artifacts" / run.info.run_id / "artifacts" / "run.json").exists()
 
 
+def test_an_epoch_that_trained_no_step_has_no_training_metric_point(digits, tmp_path, empty_store):
+    from test_untrained_epoch import fit_skipping
+
+    uri = store_near(tmp_path, empty_store)
+    with pytest.warns(RuntimeWarning, match="epoch 2 trained no step"):
+        fit_skipping(digits, tmp_path / "skipped", epochs=3,
+                     callbacks=[MlflowLogger(log_best=False)])  # fmt: skip
+    (run,) = the_runs(uri)
+    logged = metric_steps(MlflowClient(uri), run.info.run_id)
+    assert logged == jsonl_steps(tmp_path / "skipped")
+    assert [step for step, _ in logged["loss"]] == [1, 3]  # not a made-up 0.0 at 2
+    assert [step for step, _ in logged["val_loss"]] == [1, 2, 3]
+
+
 class FailAtEpochEnd(beatloop.Callback):
     """Fails after the writers logged epoch ``epoch`` (from 0) and before its checkpoint:
     as a run killed there, the resume trains that epoch again."""

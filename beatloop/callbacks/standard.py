@@ -512,6 +512,8 @@ class EarlyStopping(Callback):
         return value > self.best + self.min_delta
 
     def on_epoch_end(self, run: Run, epoch: int, logs: Mapping[str, float]) -> None:
+        if self.monitor in run.missing_figures:  # an epoch that trained nothing: no count
+            return
         if self.monitor not in logs:
             raise ConfigError(
                 f"EarlyStopping monitors {self.monitor!r}, which this run does not log; "

@@ -108,7 +108,10 @@ class DynamicWeightAverage(Callback):
         self.losses: list[list[float]] = []
 
     def on_epoch_end(self, run: Run, epoch: int, logs) -> None:
-        self.losses.append([logs[f"{name}_loss"] for name in self.task_names()])
+        names = [f"{name}_loss" for name in self.task_names()]
+        if any(name in run.missing_figures for name in names):  # nothing trained: kept
+            return
+        self.losses.append([logs[name] for name in names])
         if len(self.losses) >= 2:
             weights = dwa_weights(self.losses[-1], self.losses[-2], self.temperature())
             run.models["loss_weights"].variable.assign(weights)

@@ -120,13 +120,14 @@ def tune(
     )
     if "mlflow" in spec.callbacks:  # the parent run, made (or found) before any trial
         spec = attrs.evolve(spec, mlflow_parent=_study_run(spec))
-    study = run_study(spec, jobs=jobs, echo=echo)
+    unfinished: dict[int, tuple[int, str]] = {}
+    study = run_study(spec, jobs=jobs, echo=echo, unfinished=unfinished)
     if spec.mlflow_parent is not None:
         from beatloop.callbacks.mlflow_store import end_study_run
 
         end_study_run(spec.mlflow_parent, spec.out)
     with storage_errors(spec):
-        refuse_if_none_finished(study, spec)
+        refuse_if_none_finished(study, spec, unfinished)
         if not os.access(spec.out, os.W_OK | os.X_OK):  # a finished study, shown as it is
             echo(f"the study dir {spec.out} is read-only: best.toml and the plots are not written")
             return TuneResult(spec, study, None, ())

@@ -121,9 +121,10 @@ class TrialProcesses:
         self.running.clear()
 
 
-def report_end(study, spec: StudySpec, number: int, status: int, log: Path, echo) -> None:
+def report_end(study, spec: StudySpec, number: int, status: int, log: Path, echo) -> str | None:
     """Say how trial ``number`` ended; a trial whose objective is no logged figure ends
-    the study (every trial would fail alike)."""
+    the study (every trial would fail alike). Returns how the process of a trial left
+    unfinished (still running in the study) ended, ``None`` for any other trial."""
     trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
     state = trial.state.name.lower()
     if state == "complete":
@@ -136,8 +137,11 @@ def report_end(study, spec: StudySpec, number: int, status: int, log: Path, echo
         if trial.user_attrs.get("abort"):
             raise ConfigError(trial.user_attrs["error"])
     else:
-        echo(f"trial {number}: its process {_ending(status, log)}, the trial unfinished; the "
-             "same command resumes it")  # fmt: skip
+        ending = _ending(status, log)
+        echo(f"trial {number}: its process {ending}, the trial unfinished; the same command "
+             "resumes it")  # fmt: skip
+        return ending
+    return None
 
 
 #: Lines of a trial's log that TensorFlow writes as it starts, never a trial's reason.

@@ -10,7 +10,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from beatloop.core.failures.errors import BeatloopError, ConfigError, RunDirError, RunInterrupted
 from beatloop.tuning.processes import TrialProcesses, orphaned, report_end
@@ -88,8 +88,15 @@ def trial_sampler(spec: StudySpec, number: int):
     return optuna.samplers.TPESampler(seed=seed)
 
 
-def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = print):
-    """Run ``spec``'s study to ``spec.trials`` trials, ``jobs`` at once; the study."""
+def run_study(
+    spec: StudySpec,
+    jobs: int = 1,
+    echo: Callable[[str], None] = print,
+    unfinished: dict[int, tuple[int, str]] | None = None,
+):
+    """Run ``spec``'s study to ``spec.trials`` trials, ``jobs`` at once; the study.
+    ``unfinished`` is filled with the trials whose process ended with the trial left
+    unfinished: ``{number: (exit status, how it ended)}``."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     with made_or_removed(spec):
@@ -107,7 +114,10 @@ def run_study(spec: StudySpec, jobs: int = 1, echo: Callable[[str], None] = prin
     processes = TrialProcesses(spec, echo)
     try:
         with ctrl_c_as_request() as interrupted, storage_errors(spec):
-            _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo)
+            _keep_trials_going(
+                study, spec, jobs, processes, waiting, interrupted, echo,
+                {} if unfinished is None else unfinished,
+            )  # fmt: skip
         return study
     except KeyboardInterrupt:
         stopped = sorted(processes.running)
@@ -126,14 +136,32 @@ class StudyFailed(BeatloopError):
         self.exit_code = exit_code
 
 
-def refuse_if_none_finished(study, spec: StudySpec) -> None:
-    """A study that ended with failed trials and no finished one fails, naming the first
-    failure (an empty table and exit 0 would hide it)."""
+def refuse_if_none_finished(
+    study, spec: StudySpec, unfinished: Mapping[int, tuple[int, str]] | None = None
+) -> None:
+    """A study that ended with failed trials, or trials this command left unfinished
+    (``unfinished``: ``run_study``'s), and no finished one fails, naming the first
+    failure, else the first unfinished trial's ending (an empty table and exit 0 would
+    hide it)."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.COMPLETE for t in trials):
+        return
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    if not failed or any(t.state == TrialState.COMPLETE for t in trials):
+    running = {t.number for t in trials if t.state == TrialState.RUNNING}
+    left = sorted(number for number in unfinished or {} if number in running)
+    pruned = any(t.state == TrialState.PRUNED for t in trials)
+    if not failed and left and not pruned:
+        status, ending = unfinished[left[0]]
+        raise StudyFailed(
+            f"study {spec.name!r} has no finished trial: {len(left)} of its {len(trials)} "
+            f"trial(s) stopped unfinished (trial {left[0]}: its process {ending}); each "
+            f"trial's log is in {spec.out / 'logs'}: put its cause right, then the same "
+            "command resumes them",
+            _command_code(status),
+        )
+    if not failed:
         return
     first = failed[0]
     reason = first.user_attrs.get("error", f"see {spec.out / 'logs'}")
@@ -143,6 +171,14 @@ def refuse_if_none_finished(study, spec: StudySpec) -> None:
         f"(trial {first.number}: {reason})",
         code if isinstance(code, int) and code > 1 else 2,
     )
+
+
+def _command_code(status: int) -> int:
+    """The command's exit code for a trial's process that ended with ``status``: its
+    own (5 for a full disk), a signal's as a shell gives it (128 + N), else 2."""
+    if status < 0:
+        return 128 - status
+    return status if status > 1 else 2
 
 
 def _stopped_words(spec: StudySpec, stopped: list[int]) -> str:
@@ -190,13 +226,17 @@ def refuse_stale_trial_dirs(spec: StudySpec, trials: list) -> None:
     )
 
 
-def _keep_trials_going(study, spec, jobs, processes, waiting, interrupted, echo) -> None:
+def _keep_trials_going(
+    study, spec, jobs, processes, waiting, interrupted, echo, unfinished: dict
+) -> None:
     """Start trials (the waiting ones first) while fewer than ``jobs`` run and the study
     wants more; return when none runs, raise KeyboardInterrupt at a Ctrl-C."""
     distributions = _distributions(spec)
     while not interrupted:
         for number, status in processes.finished():
-            report_end(study, spec, number, status, processes.log(number), echo)
+            ending = report_end(study, spec, number, status, processes.log(number), echo)
+            if ending is not None:
+                unfinished[number] = (status, ending)
         if len(processes.running) < jobs:
             if waiting:
                 processes.start(study, waiting.pop(0))

@@ -13,7 +13,13 @@ import sys
 from typing import Any
 
 from beatloop.core.events.callbacks import Callback
-from beatloop.core.failures.errors import BeatloopError, ConfigError, RunDirError, RunInterrupted
+from beatloop.core.failures.errors import (
+    BeatloopError,
+    ConfigError,
+    NumericsError,
+    RunDirError,
+    RunInterrupted,
+)
 from beatloop.tuning.spec import Objective, StudySpec, spec_from_json
 
 
@@ -32,6 +38,8 @@ class TrialReporter(Callback):
         self.pruned = False
 
     def on_epoch_end(self, run, epoch: int, logs: dict[str, float]) -> None:
+        if self.objective.name in run.missing_figures:  # an epoch that trained nothing
+            return
         if self.objective.name not in logs:
             raise ObjectiveNotLogged(
                 f"--objective {self.objective.text}: the run logs no {self.objective.name!r}; "
@@ -97,6 +105,7 @@ def run_trial(spec: StudySpec, number: int) -> int:
             progress=True,  # a line per epoch in the trial's log (not a terminal)
             data=_data(spec),
         )
+        objective = None if reporter.pruned else _objective(result, spec, number)
     except RunDirError as error:  # another process runs this trial: leave it to that one
         print(f"trial {number}: {error}", file=sys.stderr)
         return error.exit_code
@@ -117,8 +126,21 @@ def run_trial(spec: StudySpec, number: int) -> int:
     if reporter.pruned:
         study.tell(number, state=optuna.trial.TrialState.PRUNED)
     else:
-        study.tell(number, float(result.history[spec.objective.name][-1]))
+        study.tell(number, objective)
     return 0
+
+
+def _objective(result, spec: StudySpec, number: int) -> float:
+    """The trial's objective: its last epoch's that has one (an epoch that trained no
+    step has none); a trial none of whose epochs has one fails saying why."""
+    values = result.history.get(spec.objective.name)
+    if not values:
+        raise NumericsError(
+            f"trial {number} logged no {spec.objective.name!r} (--objective): none of its "
+            f"{result.epochs} epoch(s) trained a step (rollbacks after non-finite steps "
+            "skipped all their batches; its log says which)"
+        )
+    return float(values[-1])
 
 
 def _within(error: BaseException | None, kind: type) -> bool:

@@ -9,6 +9,7 @@ a callback looks (``LazyLogs``).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Mapping
 
 import keras
@@ -65,6 +66,7 @@ class StepMetrics:
     ):
         beat_names = list(beat_names)
         self.prefix = prefix
+        self._beats = beat_names
         self.losses = {name: keras.metrics.Mean(name=prefix + name) for name in beat_names}
         self.last = {name: LastValue(name=LAST + name) for name in beat_names} if last else {}
         self.updates = {name: keras.metrics.Sum(name=name + UPDATES) for name in counted}
@@ -89,6 +91,7 @@ class StepMetrics:
         keep |= {self.prefix + name + UPDATES for name in beat_names}
         kept = {LAST + name for name in beat_names}
         view = copy.copy(self)
+        view._beats = [name for name in self._beats if name in beat_names]
         view._named = {name: m for name, m in self._named.items() if name in keep}
         view._with_last = view._named | {
             name: m for name, m in self._with_last.items() if name in kept
@@ -146,6 +149,50 @@ class StepMetrics:
     def results(self) -> dict[str, float]:
         """Current values as Python floats (reads variables: call between compiled calls)."""
         return {name: float(metric.result()) for name, metric in self._named.items()}
+
+    def epoch_results(self) -> tuple[dict[str, float], list[str]]:
+        """An epoch's figures, and the names of those left out as missing: a mean over
+        no step (a beat that did not run this epoch, a mean metric never updated) has no
+        value; an epoch in which no beat ran (a rollback skipped all its batches) has
+        none but its update counts, which truly are 0."""
+        beats = [self.losses[name] for name in self._beats]
+        trained = not beats or any(_read(mean.count) > 0 for mean in beats)
+        counts = {self.prefix + name + UPDATES for name in self.updates}
+        missing = [
+            name
+            for name, metric in self._named.items()
+            if name not in counts and (not trained or _empty(metric))
+        ]
+        logs = {n: float(m.result()) for n, m in self._named.items() if n not in missing}
+        return logs, missing
+
+
+def _empty(metric: keras.metrics.Metric) -> bool:
+    """Whether ``metric`` is a mean over nothing (its ``result()`` a made-up 0)."""
+    return isinstance(metric, keras.metrics.Mean) and not _read(metric.count)
+
+
+def _read(variable) -> float:
+    """A metric variable's value (summed over replicas under a strategy)."""
+    return float(tf.convert_to_tensor(variable))
+
+
+def epoch_figures(metrics: StepMetrics, run, epoch: int) -> dict[str, float]:
+    """Epoch ``epoch``'s training figures (``epoch_results``), the missing ones named in
+    ``run.missing_figures``; an epoch that trained no step (every beat's figure missing:
+    a rollback skipped all its batches) is said in a warning."""
+    logs, run.missing_figures = metrics.epoch_results()
+    missing = run.missing_figures
+    if missing and all(beat.name in missing for beat in run.bound.beats):
+        warnings.warn(
+            f"epoch {epoch + 1} trained no step (a rollback skipped every batch it took): "
+            f"its training figures ({', '.join(missing)}) are missing from its logs, "
+            "history.jsonl and trackers, and keep_best, compare and tune pass over them; "
+            "its validation, if any, ran on the models the rollback restored",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return logs
 
 
 class LazyLogs(Mapping[str, float]):

@@ -42,6 +42,10 @@ class Run:
     #: This process's place in a multi-worker run (``is_chief``: it writes the run dir;
     #: every worker must read logs at the same points, as reading them is collective).
     worker: Worker = attrs.field(factory=Worker)
+    #: The training figures the epoch ending now leaves out of its logs, having no value:
+    #: a mean over no step (every one, in an epoch a rollback skipped whole). Set before
+    #: ``on_epoch_end``; a callback reading a figure skips the epoch when it is here.
+    missing_figures: list[str] = attrs.field(factory=list)
 
     @property
     def steps_per_execution(self) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from beatloop.core.compiled.metrics import LazyLogs
+from beatloop.core.compiled.metrics import LazyLogs, epoch_figures
 from beatloop.core.compiled.op_errors import data_errors
 from beatloop.core.compiled.phased import check_epochs, enter_phase
 from beatloop.core.compiled.user_code import in_recipe
@@ -180,7 +180,7 @@ class Engine:
         if self._train_epoch(done) == 0:
             raise DataError(f"the training data set gave no batches in epoch {epoch}")
         self.parts.train_loop.flush()  # an accumulation's last, partial update
-        logs = self.parts.train_metrics.results()
+        logs = epoch_figures(self.parts.train_metrics, run, epoch)
         if self.stream.has_validation:
             logs.update(self.validate(run))
         if self.options.steps_per_epoch is None:

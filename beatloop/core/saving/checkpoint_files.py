@@ -112,7 +112,16 @@ def number_of(path: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def warn_unreadable(path: str, error: Exception) -> None:
+class UnreadableCheckpoint(CheckpointError):
+    """The one checkpoint a restore was asked for cannot be read (there is no other to try)."""
+
+
+def warn_unreadable(path: str, error: Exception, only: str | None = None) -> None:
+    """Warn that ``path`` is skipped; with ``only`` (the one asked for) raise instead."""
+    if only is not None:
+        raise UnreadableCheckpoint(
+            f"checkpoint {path} could not be read ({first_line(error)}); it is left as it is"
+        ) from error
     warnings.warn(
         f"checkpoint {path} could not be read ({first_line(error)}); trying the one before",
         RuntimeWarning,

@@ -157,7 +157,7 @@ class RunCheckpoints:
             except UNREADABLE as error:
                 failures.append(path)
                 self._readable[path] = False
-                warn_unreadable(path, error)
+                warn_unreadable(path, error, only)
                 continue
             record.refuse_if_different(expected, self.read_directory)
             try:
@@ -168,7 +168,7 @@ class RunCheckpoints:
             except (*UNREADABLE, AssertionError) as error:
                 failures.append(path)
                 self._readable[path] = False
-                warn_unreadable(path, error)
+                warn_unreadable(path, error, only)
                 continue
             self._readable[path] = True
             self._restored = path
