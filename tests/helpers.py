@@ -77,6 +77,14 @@ def _pairs(a: Weights, b: Weights) -> Iterable[tuple[str, np.ndarray, np.ndarray
     return [(f"weight {index}", x, y) for index, (x, y) in enumerate(zip(a, b, strict=True))]
 
 
+def largest_difference(first: Weights, second: Weights, *, same_names: bool = False) -> float:
+    """The largest absolute difference of any weight between two runs, over ``first``'s
+    names (``same_names``: and both hold exactly the same names)."""
+    if same_names:
+        assert sorted(first) == sorted(second), (sorted(first), sorted(second))
+    return max(float(np.abs(np.asarray(first[k]) - np.asarray(second[k])).max()) for k in first)
+
+
 def same_weights(a: Weights, b: Weights) -> bool:
     """Whether two sets of weights are equal to the bit (shapes included)."""
     return all(np.array_equal(x, y) for _, x, y in _pairs(a, b))

@@ -27,6 +27,7 @@ from helpers import (
     finish_all,
     gan_data,
     history_records,
+    largest_difference,
     load_npz,
     run_python,
     start_python,
@@ -48,10 +49,6 @@ OPTIMIZERS = {
         keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=5, decay_rate=0.5)
     ),
 }
-
-
-def largest_difference(a, b) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def fit(recipe, data, epochs=4, **options):

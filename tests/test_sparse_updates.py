@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, find_block, run_python
+from helpers import all_weights, find_block, largest_difference, run_python
 from sparse_classifier import OneBeat, hand_written, text_classifier, token_batches
 
 import beatloop
@@ -91,10 +91,6 @@ def test_the_schedules_page_block_prints_what_it_shows(capsys):
         "fit: [1.732 1.732]",
         "beatloop: [1. 1.]",
     ]
-
-
-def largest_difference(a: dict, b: dict) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def fit(data, optimizer, epochs: int = 2, *, debug: bool = False, **beat) -> dict:

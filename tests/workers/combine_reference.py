@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 import keras
 import numpy as np
 import tensorflow as tf
-from helpers import TwoModels, all_weights, dict_batches
+from helpers import TwoModels, all_weights, dict_batches, largest_difference
 
 import beatloop
 from beatloop.datasets import digits_arrays
@@ -52,15 +52,10 @@ def clip_kernels(gradients, variables):
     ]
 
 
-def largest_difference(first: dict, second: dict) -> float:
-    assert sorted(first) == sorted(second)
-    return max(float(np.abs(first[key] - second[key]).max()) for key in first)
-
-
 def figures(ours: dict, theirs: dict, start: dict) -> dict[str, float]:
     return {
         "max_difference": largest_difference(all_weights(ours), all_weights(theirs)),
-        "moved": largest_difference(all_weights(ours), start),
+        "moved": largest_difference(all_weights(ours), start, same_names=True),
     }
 
 

@@ -26,10 +26,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: helpers
 
-import numpy as np
 import tensorflow as tf
 from contrastive_hand import SMALL, digits_data
-from helpers import all_weights
+from helpers import all_weights, largest_difference
 
 import beatloop
 
@@ -47,10 +46,6 @@ def train(config: dict, data, initial: dict, strategy=None):
         recipe, data=data, models=models, epochs=2, seed=3, strategy=strategy,
         steps_per_execution=STEPS, progress=False,
     )  # fmt: skip
-
-
-def largest_difference(first: dict, second: dict) -> float:
-    return max(float(np.abs(first[key] - second[key]).max()) for key in first)
 
 
 def default_digits(config: dict):

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 import keras
 import numpy as np
 import tensorflow as tf
-from helpers import all_weights
+from helpers import all_weights, largest_difference
 
 import beatloop
 from beatloop import datasets as data
@@ -179,10 +179,6 @@ def digits_run(spec: dict, strategy):
         steps_per_execution=16,
         progress=False,
     )
-
-
-def largest_difference(first: dict, second: dict) -> float:
-    return max(float(np.abs(first[key] - second[key]).max()) for key in first)
 
 
 def mirrored(spec: dict) -> None:

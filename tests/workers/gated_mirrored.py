@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from gated_recipes import Classifier, ThresholdGan, digit_batches
-from helpers import all_weights, gan_data
+from helpers import all_weights, gan_data, largest_difference
 
 import beatloop
 
@@ -48,10 +48,6 @@ RUNS = {
     "gan_threshold": (lambda: ThresholdGan(threshold=1.2), lambda: gan_data(128, 16),
                       "d_loss_updates"),
 }  # fmt: skip
-
-
-def largest(a, b) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def worker_run(strategy=None):
@@ -82,8 +78,8 @@ def main(out: str) -> None:
         ]  # fmt: skip
         one, two = (all_weights(run.models) for run in runs)
         report["runs"][name] = {
-            "max_difference": largest(one, two),
-            "moved": largest(one, start),
+            "max_difference": largest_difference(one, two),
+            "moved": largest_difference(one, start),
             "updates_one": runs[0].history[counted],
             "updates_two": runs[1].history[counted],
         }

@@ -15,10 +15,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: helpers
 
 import keras
-import numpy as np
 import tensorflow as tf
 from gated_recipes import Classifier, digit_batches
-from helpers import all_weights
+from helpers import all_weights, largest_difference
 
 import beatloop
 
@@ -29,10 +28,6 @@ RUNS = {
     "clipnorm": ({"clipnorm": 0.02}, 1),
     "clipvalue": ({"clipvalue": 0.002}, 1),
 }
-
-
-def largest(a, b) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def main(out: str) -> None:
@@ -52,7 +47,10 @@ def main(out: str) -> None:
             for s in (None, strategy)
         ]  # fmt: skip
         one, two = (all_weights(run.models) for run in runs)
-        report["runs"][name] = {"max_difference": largest(one, two), "moved": largest(one, start)}
+        report["runs"][name] = {
+            "max_difference": largest_difference(one, two),
+            "moved": largest_difference(one, start),
+        }
     Path(out).write_text(json.dumps(report, indent=1))
 
 

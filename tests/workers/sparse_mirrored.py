@@ -17,9 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 
 import keras
-import numpy as np
 import tensorflow as tf
-from helpers import all_weights
+from helpers import all_weights, largest_difference
 from sparse_classifier import OneBeat, hand_written, text_classifier, token_batches
 
 import beatloop
@@ -35,10 +34,6 @@ RUNS = {
 
 def adam() -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(1e-2)
-
-
-def largest(a, b) -> float:
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def main(out: str) -> None:
@@ -61,10 +56,10 @@ def main(out: str) -> None:
             for form in ("dense", "keras")
         )  # fmt: skip
         report["runs"][name] = {
-            "one_device": largest(ends["one_device"], dense),
-            "two_replicas": largest(ends["two_replicas"], dense),
-            "keras_form": largest(keras_form, dense),
-            "moved": largest(dense, start),
+            "one_device": largest_difference(ends["one_device"], dense),
+            "two_replicas": largest_difference(ends["two_replicas"], dense),
+            "keras_form": largest_difference(keras_form, dense),
+            "moved": largest_difference(dense, start),
         }
     Path(out).write_text(json.dumps(report, indent=1))
 

@@ -20,14 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 
 import numpy as np
 import tensorflow as tf
-from helpers import all_weights
+from helpers import all_weights, largest_difference
 from updates_recipe import Byol, build_byol_models, byol_data
 
 import beatloop
-
-
-def largest_difference(first: dict, second: dict) -> float:
-    return max(float(np.abs(first[key] - second[key]).max()) for key in first)
 
 
 def mirrored(out: str) -> None:
