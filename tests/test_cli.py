@@ -188,7 +188,7 @@ def test_advice_reaches_the_command_line_in_its_spelling(bare_recipes, tmp_path,
         assert main(["run", "supervised", flag, value, "--run-dir", str(tmp_path / "c")]) == 2
         line = one_error_line(capsys.readouterr().err)
         python = flag[2:].replace("-", "_")
-        assert re.match(rf"beatloop: error: {flag}: .*\b{python}\b'? must ", line), line
+        assert re.match(rf"beatloop: error: {flag}: .*\b{python}\b(=...\) takes|'? must) ", line)
     assert not any((tmp_path / name).exists() for name in "abc")
 
 

@@ -312,7 +312,15 @@ def test_the_bound_is_a_number_of_seconds(monkeypatch, tmp_path):
     assert not (tmp_path / "digits").exists()
 
 
-def test_ctrl_c_ends_a_run_waiting_on_a_silent_store_at_once(tmp_path, silent):
+@pytest.fixture
+def usual_ctrl_c():
+    """Ctrl-C handled as in a user's process (pytest-xdist's workers ignore SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_ends_a_run_waiting_on_a_silent_store_at_once(tmp_path, silent, usual_ctrl_c):
     def interrupt():
         if silent.asked.wait(60):
             time.sleep(0.3)  # waiting on the store's answer
@@ -322,7 +330,7 @@ def test_ctrl_c_ends_a_run_waiting_on_a_silent_store_at_once(tmp_path, silent):
     threading.Thread(target=interrupt, daemon=True).start()
     started = time.monotonic()
     with pytest.raises(beatloop.RunInterrupted) as stopped:
-        fit(run_dir, MlflowLogger(tracking_uri=silent.uri, timeout=300))
+        fit(run_dir, MlflowLogger(tracking_uri=silent.uri, timeout=30))
     assert time.monotonic() - started < 20
     assert str(stopped.value) == "interrupted while finding the experiment 'supervised'"
     assert stopped.value.exit_code == 130 and stopped.value.checkpoint is None

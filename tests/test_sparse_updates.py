@@ -38,8 +38,13 @@ def three_times_one() -> tuple[keras.Model, tf.data.Dataset]:
 
 def first_adam_step(how: dict) -> np.ndarray:
     """How far beatloop's first Adam step moves each entry of the table, in learning
-    rates (``epsilon`` tiny: Adam's first step is then ``lr`` times the sign)."""
-    model, data = three_times_one()
+    rates (``epsilon`` tiny: Adam's first step is then ``lr`` times the sign); a model
+    for a mixed-precision run is built under its policy, to compute in it."""
+    keras.mixed_precision.set_global_policy(how.get("precision", "float32"))
+    try:
+        model, data = three_times_one()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
     before = model.layers[0].embeddings.numpy()
     optimizer = keras.optimizers.Adam(LEARNING_RATE, epsilon=1e-12)
     beatloop.fit(

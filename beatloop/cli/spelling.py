@@ -63,8 +63,8 @@ CLI_SPELLINGS = (
 
 #: ``fit``'s keywords that are ``run``'s flags, as errors about their values begin.
 FLAG_VALUE = re.compile(
-    r"^(?:invalid engine option: )?'?(epochs|seed|checkpoint_every|max_to_keep|max_rollbacks"
-    r"|divergence|divergence_window|steps_per_execution)'? must "
+    r"^(?:invalid engine option: )?(?:\w+\()?'?(epochs|seed|checkpoint_every|max_to_keep"
+    r"|max_rollbacks|divergence|divergence_window|steps_per_execution)'?(?: must |=\.\.\.\) takes )"
 )
 
 
