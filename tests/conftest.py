@@ -10,6 +10,10 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# MLflow's telemetry sets and unsets an environment variable from its own thread, which
+# can break another thread's walk over os.environ (urllib's proxy lookup) mid-test; the
+# tests send nothing anywhere.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import pytest
 
