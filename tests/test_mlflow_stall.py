@@ -6,6 +6,7 @@ goes on, Ctrl-C and SIGTERM end a run waiting on its store at once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +38,20 @@ def no_tracking_settings(monkeypatch):
     monkeypatch.delenv("BEATLOOP_MLFLOW_TIMEOUT", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def no_call_left_behind(monkeypatch):
+    """A call a test's store never answered ends when the test closes that store (MLflow
+    retries nothing here): left retrying, its backoff jitter would draw from Python's
+    ``random`` while later tests in this process build models from it."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    before = set(threading.enumerate())
+    yield  # the test's stores are closed before this resumes (set up after it)
+    left = [t for t in set(threading.enumerate()) - before if t.name == "beatloop-mlflow"]
+    for thread in left:
+        thread.join(timeout=30)
+    assert not [t for t in left if t.is_alive()], "a call to a closed store still waits"
+
+
 class Silent:
     """A socket that accepts connections and never answers (a hung server, a stalled
     proxy); ``asked`` is set once a request's bytes arrived."""
@@ -65,6 +80,8 @@ class Silent:
             pass
 
     def close(self):
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)  # wakes the thread waiting in accept
         self.socket.close()
         for connection in self.held:
             connection.close()
