@@ -179,7 +179,8 @@ def test_under_a_mirrored_strategy_it_trains_as_one_device(mirrored, case):
     negatives (SimCLR), the EMA targets (BYOL, its synchronized batch normalisation) and
     both probes as on one device, every figure finite. ``defaults``: SimCLR at the
     recipe's default config on its default data's digits and batch size (128: 64 + 64,
-    then 15 + 14 and 52 + 52), unshuffled, one epoch of pretraining and one of the probe.
+    then 15 + 14 and 52 + 52), unshuffled, a full batch and the last of each split, one
+    epoch of pretraining and one of the probe.
     BYOL's bound is wider: its heads' normalisation cancels a shift of its input shared
     by the whole batch, so along such shifts (a bias below it, for the units active on
     every row; every direction on the one-row batch) the layers below get a gradient that

@@ -10,7 +10,9 @@ no rows) and 32 validation digits (5 + 4, then 3 + 2), each pass's shares changi
 one compiled call. Then ``defaults``: SimCLR at the recipe's default config on its
 default data's digits and batch size (batches of 128: shares 64 + 64, then 15 + 14 in
 training and 52 + 52 in validation), but unshuffled (the order of shuffled data is not
-what is compared here) and one epoch of pretraining and one of the probe.
+what is compared here), one full batch and the last of each split (``DEFAULT_ROWS``:
+157 training digits, 232 validation digits), and one epoch of pretraining and one of
+the probe.
 Writes JSON to OUT: per case the largest weight difference between the two, how far
 training moved the weights, both histories and the step counts.
 """
@@ -48,13 +50,25 @@ def train(config: dict, data, initial: dict, strategy=None):
     )  # fmt: skip
 
 
+#: Rows of the default data's training and validation digits the ``defaults`` case keeps:
+#: a full batch of 128 and each split's own last batch (1,437 training digits: 11 batches
+#: of 128 then 29; 360 validation digits: 2 of 128 then 104), the same shares in fewer
+#: steps.
+DEFAULT_ROWS = (128 + 1437 % 128, 128 + 360 % 128)
+
+
 def default_digits(config: dict):
-    """The contrastive recipe's default data (``default_data``), unshuffled."""
+    """The contrastive recipe's default data (``default_data``), unshuffled, cut to
+    ``DEFAULT_ROWS``."""
     from beatloop.datasets import batches, digits_arrays
 
     recipe = beatloop.make_recipe("contrastive", config).config
     train, validation = digits_arrays(3, recipe.validation_fraction)
-    return batches(train, recipe.batch_size), batches(validation, recipe.batch_size)
+    assert (len(train["y"]), len(validation["y"])) == (1437, 360)
+    return tuple(
+        batches({key: value[:rows] for key, value in arrays.items()}, recipe.batch_size)
+        for arrays, rows in zip((train, validation), DEFAULT_ROWS, strict=True)
+    )
 
 
 def compare(config: dict, data, strategy) -> dict:
