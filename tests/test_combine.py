@@ -339,14 +339,24 @@ def test_multitask_pcgrad_runs_under_mixed_precision_and_refuses_alternating(dig
 # --- against hand-written loops, and through a SIGKILL ---------------------------------------
 
 
+@pytest.fixture(scope="module")
+def worker_reports(tmp_path_factory) -> dict[str, dict]:
+    """One fresh process for the two tests below: ``workers/pcgrad_mirrored.py``, which
+    first runs ``workers/combine_reference.py``'s comparisons (before it traces anything
+    else), then its own; each report by the worker's name."""
+    folder = tmp_path_factory.mktemp("combine_workers")
+    mirrored, reference = folder / "mirrored.json", folder / "report.json"
+    run_python(WORKERS / "pcgrad_mirrored.py", mirrored, reference, timeout=600)  # two runs' time
+    names = {"combine_reference": "report.json", "pcgrad_mirrored": "mirrored.json"}
+    return {name: json.loads((folder / file).read_text()) for name, file in names.items()}
+
+
 @pytest.mark.slow
-def test_a_transform_and_three_task_pcgrad_match_hand_written_loops_bit_for_bit(tmp_path):
+def test_a_transform_and_three_task_pcgrad_match_hand_written_loops_bit_for_bit(worker_reports):
     """In a fresh process (see ``workers/combine_reference.py``): a plain function as
     ``transform=``, and the multitask recipe's PCGrad over three tasks at
     steps_per_execution 1 and 4, each against its ``tf.function`` loop for 2 epochs."""
-    out = tmp_path / "report.json"
-    run_python(WORKERS / "combine_reference.py", out)
-    report = json.loads(out.read_text())
+    report = worker_reports["combine_reference"]
     assert sorted(report) == ["pcgrad spe=1", "pcgrad spe=4", "transform"]
     for name, figures in report.items():
         assert figures["moved"] > 1e-3, name  # training moved the weights
@@ -375,13 +385,11 @@ def test_three_task_pcgrad_killed_mid_epoch_resumes_bit_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_three_task_pcgrad_on_two_replicas_equals_one_device(tmp_path):
+def test_three_task_pcgrad_on_two_replicas_equals_one_device(worker_reports):
     """MirroredStrategy over two logical CPUs: PCGrad combines the global batch's task
     gradients, not each replica's (per-replica PCGrad ends ~1e-1 away), so the runs
     differ by float32 round-off only (two half-batch sums instead of one)."""
-    out = tmp_path / "mirrored.json"
-    run_python(WORKERS / "pcgrad_mirrored.py", out)
-    report = json.loads(out.read_text())
+    report = worker_reports["pcgrad_mirrored"]
     assert report["replicas"] == 2
     assert report["max_move"] > 1e-2
     assert report["max_difference"] < 1e-6

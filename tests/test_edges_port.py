@@ -87,14 +87,15 @@ class _Lines(logging.Handler):
 
 def test_many_accumulating_fits_in_one_process_trace_no_flush_anew():
     """TensorFlow counts a tf.function's traces by its Python code, shared by every run's
-    step: from the fifth fit, one traced per fit warned of retracing."""
+    step: from the fifth fit, one traced per fit warned of retracing. Five fits, each of
+    two batches of two rows (one accumulated update and its flush)."""
     logger, lines = logging.getLogger("tensorflow"), _Lines()
     level = logger.level
     logger.addHandler(lines)
     logger.setLevel(logging.WARNING)
     try:
-        for _ in range(6):
-            fit(Classifier(accumulate=2), digit_batches(25, count=50))
+        for _ in range(5):
+            fit(Classifier(accumulate=2), digit_batches(2, count=4))
     finally:
         logger.removeHandler(lines)
         logger.setLevel(level)

@@ -320,13 +320,35 @@ def test_a_plugin_environment_is_stepped_by_the_generic_batched_methods():
     assert train[-1] > 0.9 > train[0], train  # the random walk's first episodes fail often
 
 
-@pytest.fixture
-def killable_cartpole(monkeypatch):
-    """The worker's ``killable_cartpole`` registered in this process for this test only."""
+def register_killable_cartpole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's ``killable_cartpole`` registered in this process until ``monkeypatch``
+    is undone."""
     table = registry()
     monkeypatch.setattr(table, "environments", dict(table.environments))
     monkeypatch.setattr(table, "_origins", dict(table._origins))
     beatloop.register_environment(ppo_run.KillableCartPole)
+
+
+@pytest.fixture
+def killable_cartpole(monkeypatch):
+    """The worker's ``killable_cartpole`` registered in this process for this test only."""
+    register_killable_cartpole(monkeypatch)
+
+
+#: The run both kills of ``test_a_ppo_run_killed_mid_epoch_resumes_bit_identical`` cut.
+KILLED_SPEC = {"epochs": EPOCHS, "seed": SEED, "checkpoint_every": 10, "steps_per_execution": 2,
+               "config": {**SMALL, "env": "killable_cartpole"}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """``KILLED_SPEC`` fitted without a kill, once for both kills: its final weights and
+    state, and its history.jsonl."""
+    full_dir = str(tmp_path_factory.mktemp("ppo_full") / "full")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        register_killable_cartpole(monkeypatch)
+        full = ppo_run.fit({**KILLED_SPEC, "run_dir": full_dir})
+    return ppo_run.final(full), Path(full_dir, "history.jsonl").read_text()
 
 
 @pytest.mark.slow
@@ -336,27 +358,23 @@ def killable_cartpole(monkeypatch):
     ids=["while-collecting", "while-updating"],
 )
 def test_a_ppo_run_killed_mid_epoch_resumes_bit_identical(
-    tmp_path, kill, epochs_before, killable_cartpole
+    tmp_path, kill, epochs_before, uninterrupted, killable_cartpole
 ):
     """Killed inside the 6th rollout's collection (its 8th environment step, after a
     checkpoint at step 20, mid-epoch) or after step 14 (a checkpoint at 10: the
     resumed run restarts in the middle of a rollout's updates)."""
-    spec = {"epochs": EPOCHS, "seed": SEED, "checkpoint_every": 10, "steps_per_execution": 2}
-    spec["config"] = {**SMALL, "env": "killable_cartpole"}
-    killed_dir, full_dir = str(tmp_path / "killed"), str(tmp_path / "full")
-    killed = start_python(WORKER, json.dumps({**spec, **kill, "run_dir": killed_dir}))
-    try:  # the uninterrupted run and the resume are fitted here: no process needed
-        full = ppo_run.fit({**spec, "run_dir": full_dir})
-    finally:
-        _, err = killed.communicate(timeout=300)
+    killed_dir = str(tmp_path / "killed")
+    killed = start_python(WORKER, json.dumps({**KILLED_SPEC, **kill, "run_dir": killed_dir}))
+    _, err = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, err
     logged = Path(killed_dir, "history.jsonl").read_text().splitlines()
     assert len(logged) == epochs_before  # killed in the middle of the next epoch
-    resumed = ppo_run.fit({**spec, "run_dir": killed_dir})
+    resumed = ppo_run.fit({**KILLED_SPEC, "run_dir": killed_dir})
     assert resumed.resumed_from is not None and resumed.steps == EPOCHS * 8
-    assert_same_weights(ppo_run.final(resumed), ppo_run.final(full))
-    history = [Path(d, "history.jsonl").read_text() for d in (killed_dir, full_dir)]
-    assert history[0] == history[1]  # train_return and greedy_return included
+    full, full_history = uninterrupted
+    assert_same_weights(ppo_run.final(resumed), full)
+    # train_return and greedy_return included
+    assert Path(killed_dir, "history.jsonl").read_text() == full_history
 
 
 @pytest.mark.slow

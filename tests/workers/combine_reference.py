@@ -1,12 +1,13 @@
 """Gradient transforms and combinations against hand-written TensorFlow loops, bit for
 bit, for ``test_combine.py``: ``python combine_reference.py OUT``.
 
-Runs in a process of its own because the comparison is exact (see
+Runs first in a fresh process because the comparison is exact (see
 ``tutorial_dcgan.py``'s docstring: graphs traced earlier in a process can shift node
-names, and grappler's sums with them). Each comparison trains twin models (same initial
-weights, same data order) with beatloop and with a ``tf.function`` / ``GradientTape``
-loop, and writes the largest weight difference and how far training moved the weights
-to OUT (JSON).
+names, and grappler's sums with them); the test runs it through ``pcgrad_mirrored.py
+OUT REFERENCE_OUT``, which calls ``main`` before it traces anything. Each comparison
+trains twin models (same initial weights, same data order) with beatloop and with a
+``tf.function`` / ``GradientTape`` loop, and writes the largest weight difference and
+how far training moved the weights to OUT (JSON).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The multitask recipe's three-task PCGrad on one device and on a MirroredStrategy over
 two logical CPUs (same global batch), for ``test_combine.py``: ``python
-pcgrad_mirrored.py OUT``. Logical devices must be set before TensorFlow starts, hence a
-process of its own. Writes the largest weight difference between the two runs and how
-far training moved the weights to OUT (JSON)."""
+pcgrad_mirrored.py OUT [REFERENCE_OUT]``. Logical devices must be set before TensorFlow
+starts, hence a process of its own. Writes the largest weight difference between the two
+runs and how far training moved the weights to OUT (JSON). With REFERENCE_OUT, the same
+process first runs ``combine_reference.py``'s bit-for-bit comparisons into it (before
+anything else is traced: the clean slate they need), saving the test a process."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder: helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder: the other workers
 
+import combine_reference
 import keras
 import tensorflow as tf
 from combine_reference import PCGRAD, largest_difference, three_task_data
@@ -23,9 +26,11 @@ from helpers import all_weights
 import beatloop
 
 
-def main(out: str) -> None:
+def main(out: str, reference_out: str | None = None) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    if reference_out is not None:
+        combine_reference.main(reference_out)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     recipe = beatloop.make_recipe("multitask", PCGRAD)
     data = three_task_data()
@@ -45,4 +50,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

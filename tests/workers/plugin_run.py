@@ -2,21 +2,25 @@
 ``grid`` environment) for ``test_example_plugin.py``, in
 the throwaway environment the plugin is installed in (the live one lacks it):
 ``python plugin_run.py MODE OUT``. Each mode prints one JSON line last; mode ``all``
-runs the three below in one process (one TensorFlow start-up) and prints
+runs the four below in one process (one TensorFlow start-up), ``list`` first, and prints
 ``{mode: record}``.
 
-``train OUT``: 5 epochs of the default config with the plugin's ``epoch_timer``
+``list OUT``: what ``beatloop list --verbose`` prints, run first thing in the process
+(no registry loaded yet, as in a new process of the command).
+``train OUT``: 2 epochs of the default config with the plugin's ``epoch_timer``
 callback; prints the history and how often each optimizer applied.
 ``resume OUT``: a small config run for 1 epoch in ``OUT/split`` then for 2 epochs there
 (a resume), and for 2 epochs uninterrupted in ``OUT/whole``; writes the weights after
 each run to ``OUT/first.npz``, ``OUT/resumed.npz`` and ``OUT/whole.npz`` (keys
 ``model/index``, as ``helpers.all_weights`` names them) and prints what each run did.
-``grid OUT``: 2 epochs of ``dqn`` with ``env=grid``; prints the history and where the
+``grid OUT``: 1 epoch (1,000 steps) of ``dqn`` with ``env=grid``; prints the history and where the
 environment came from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -29,15 +33,23 @@ import numpy as np
 from helpers import all_weights
 
 import beatloop
+from beatloop.cli import main
 from beatloop.plugins.registry import registry
 
 # Small enough for a few seconds a run: 1,437 training digits in batches of 64.
 SMALL = {"hidden": 16, "n_critic": 2, "batch_size": 64}
 
 
+def listed(out: Path) -> str:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["list", "--verbose"]) == 0
+    return printed.getvalue()
+
+
 def train(out: Path) -> dict:
     timer = registry().callback("epoch_timer").cls()
-    result = beatloop.fit("wgan_gp", epochs=5, seed=0, callbacks=[timer], progress=False)
+    result = beatloop.fit("wgan_gp", epochs=2, seed=0, callbacks=[timer], progress=False)
     return {
         "history": result.history,
         "timed": len(timer.seconds),
@@ -68,7 +80,7 @@ def resume(out: Path) -> dict:
 
 
 def grid(out: Path) -> dict:
-    result = beatloop.fit("dqn", config={"env": "grid"}, epochs=2, seed=0, progress=False)
+    result = beatloop.fit("dqn", config={"env": "grid"}, epochs=1, seed=0, progress=False)
     entry = registry().environment("grid")
     return {
         "history": result.history,
@@ -79,7 +91,7 @@ def grid(out: Path) -> dict:
 
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
-    modes = {"train": train, "resume": resume, "grid": grid}
+    modes = {"list": listed, "train": train, "resume": resume, "grid": grid}
     if mode == "all":
         print(json.dumps({name: run(out) for name, run in modes.items()}))
     else:
