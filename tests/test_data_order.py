@@ -51,7 +51,9 @@ def write_data(folder: Path) -> None:
         Image.fromarray(np.full((2, 2), i, np.uint8), mode="L").save(images / f"{i:03d}.png")
 
 
-def spec(folder: Path, sources: list[str], out: Path) -> str:
+def spec(folder: Path, sources: list[str], out: Path, digits_one: Path) -> str:
+    """``digits_one``: the one-device digits run's weights (.npz), which the mirrored
+    run writes and the chief worker compares with (fitted once for both)."""
     return json.dumps(
         {
             "folder": str(folder),
@@ -61,6 +63,7 @@ def spec(folder: Path, sources: list[str], out: Path) -> str:
             "epochs": EPOCHS,
             "seed": SEED,
             "out": str(out),
+            "digits_one": str(digits_one),
         }
     )
 
@@ -124,8 +127,9 @@ def mirrored(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data_order")
     write_data(folder)
     out = folder / "mirrored.json"
-    run_python(WORKER, "mirrored", spec(folder, MIRRORED, out), timeout=500)
-    return json.loads(out.read_text())
+    digits_one = folder / "digits_one.npz"
+    run_python(WORKER, "mirrored", spec(folder, MIRRORED, out, digits_one), timeout=500)
+    return {**json.loads(out.read_text()), "digits_one": digits_one}
 
 
 @pytest.mark.slow
@@ -153,7 +157,7 @@ WORKER_SOURCES = [*SAME_ON_WORKERS, "tfrecord_by_file", "user_unseeded"]
 
 
 @pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
+def two_workers(tmp_path_factory, mirrored):
     folder = tmp_path_factory.mktemp("data_order_workers")
     write_data(folder)
     addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
@@ -162,7 +166,7 @@ def two_workers(tmp_path_factory):
         start_python(
             WORKER,
             "worker",
-            spec(folder, WORKER_SOURCES, out),
+            spec(folder, WORKER_SOURCES, out, mirrored["digits_one"]),
             TF_CONFIG=tf_config(addresses, index),
         )
         for index, out in enumerate(outputs)

@@ -341,8 +341,10 @@ def test_in_a_multi_worker_run_the_chiefs_run_json_names_a_best_that_restores(tm
     for index in range(2):
         (tmp_path / f"tmp{index}").mkdir()
         config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        environment = {"TF_CONFIG": json.dumps(config), "TMPDIR": str(tmp_path / f"tmp{index}")}
-        processes.append(start_python(CLUSTER_WORKER, *in_cluster, **environment))
+        temporary = ["--tmpdir", str(tmp_path / f"tmp{index}")]  # forked: an option, not env
+        processes.append(
+            start_python(CLUSTER_WORKER, *temporary, *in_cluster, TF_CONFIG=json.dumps(config))
+        )
     try:  # the one-device run of epoch 1 in this process while the workers train
         assert main(["run", *args, "--epochs", "1", "--run-dir", str(tmp_path / "one")]) == 0
         results = [process.communicate(timeout=240) for process in processes]

@@ -64,19 +64,19 @@ def command(recipe: str, data: Path, run_dir: Path, *, cluster: bool = True) -> 
 
 def start_cluster(args: list[str], scratch: Path, kill_when: Path | None = None) -> list:
     """Three workers on free ports, each with its own TMPDIR under ``scratch``
-    (``scratch/tmpN``); worker 2 SIGKILLs itself once ``kill_when`` exists."""
+    (``scratch/tmpN``); worker 2 SIGKILLs itself once ``kill_when`` exists. Both are
+    the worker script's options, not the environment, so the workers fork from a zygote
+    with TensorFlow imported instead of importing it each."""
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(WORKERS)]}
     processes = []
     for index in range(WORKERS):
         temporary = scratch / f"tmp{index}"
         temporary.mkdir(parents=True, exist_ok=True)
         config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        kill = str(kill_when) if kill_when is not None and index == WORKERS - 1 else None
-        processes.append(
-            start_python(
-                WORKER, *args, TF_CONFIG=json.dumps(config), TMPDIR=str(temporary), KILL_WHEN=kill
-            )
-        )
+        own = ["--tmpdir", str(temporary)]
+        if kill_when is not None and index == WORKERS - 1:
+            own += ["--kill-when", str(kill_when)]
+        processes.append(start_python(WORKER, *own, *args, TF_CONFIG=json.dumps(config)))
     return processes
 
 

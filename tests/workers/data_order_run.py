@@ -9,7 +9,8 @@ epochs, and ``out``, the JSON file the report goes to.
 ``mirrored``: for each source, a ``Recording`` run on one device and one on a
 MirroredStrategy over two logical CPUs: the ids of every step's global batch (gathered
 across the replicas in the step) and the trained weights; then the ``supervised``
-recipe on its built-in shuffled digits, both ways, and the largest weight difference.
+recipe on its built-in shuffled digits, both ways, and the largest weight difference;
+the one-device run's weights go to the spec's ``digits_one`` (.npz), if it names one.
 
 ``worker``: one worker of a MultiWorkerMirroredStrategy (TF_CONFIG from the
 environment): for each source, the ids this worker's replica is given at each step of
@@ -17,7 +18,8 @@ each pass as the engine distributes the data (``core/feeding/stream.py``'s ``_di
 the warnings the engine would give at the start of a run on it, and the global batches
 one device takes of the same source (built again, after the same seeding); then the
 ``supervised`` recipe on its built-in digits (shuffled), and on the chief the largest
-difference from the same run on one device.
+difference from the same run on one device (the weights ``mirrored`` wrote to the
+spec's ``digits_one``: that run is fitted once, not again here).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
 import keras
 import numpy as np
 import tensorflow as tf
-from helpers import all_weights, largest_difference
+from helpers import all_weights, largest_difference, load_npz
 
 import beatloop
 from beatloop import datasets as data
@@ -195,6 +197,8 @@ def mirrored(spec: dict) -> None:
             "max_difference": largest_difference(one_weights, two_weights),
         }
     one, two = digits_run(spec, None), digits_run(spec, strategy)
+    if spec.get("digits_one"):
+        np.savez(spec["digits_one"], **all_weights(one.models))
     report["digits"] = {
         "max_difference": largest_difference(all_weights(one.models), all_weights(two.models)),
         "steps": [one.steps, two.steps],
@@ -241,7 +245,7 @@ def worker(spec: dict) -> None:
         }
     weights = all_weights(digits_run(spec, strategy).models)
     if strategy.cluster_resolver.task_id == 0:  # the chief: one device, for reference
-        single = all_weights(digits_run(spec, None).models)
+        single = load_npz(spec["digits_one"])
         report["digits"] = {"max_difference": largest_difference(weights, single)}
     Path(spec["out"]).write_text(json.dumps(report))
 
