@@ -6,8 +6,8 @@ beatloop's exit codes, and nothing the user had is lost.
 Studies are filled with Optuna's own ask and tell (no training) where the fault is the
 storage's, so the cases run in a second each."""
 
+import contextlib
 import math
-import os
 import shutil
 import signal
 import sqlite3
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from helpers import start_python
 
 import beatloop
 from beatloop.cli import main
@@ -218,15 +219,51 @@ def test_importances_of_tied_scores_are_not_drawn_and_that_is_said(tmp_path):
     assert len(said) == 1 and said[0].startswith("importances.png not written")
 
 
-def _as_user(*args: str, cwd: Path, preexec=None) -> subprocess.CompletedProcess:
-    """The ``beatloop`` command without root's permission override (file modes hold)."""
-    from test_bad_input import _without_file_permission_override
+#: The child's start: as root, drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its
+#: effective and permitted sets (root then obeys file modes as any user does); with
+#: ``small``, no file may grow past 20 kB (a full disk, as SQLite sees one); then run the
+#: ``beatloop`` console script.
+AS_USER = """
+import ctypes, os, resource, runpy, signal, sys
 
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "beatloop"), *args],
-        capture_output=True, text=True, cwd=cwd, timeout=300,
-        preexec_fn=preexec or (_without_file_permission_override if os.geteuid() == 0 else None),
-    )  # fmt: skip
+mode, script, *args = sys.argv[1:]
+if os.geteuid() == 0:
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    kept = ~((1 << 1) | (1 << 2))
+    data[0].effective &= kept
+    data[0].permitted &= kept
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+if mode == "small":
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
+sys.argv = [script, *args]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _as_user(*args: str, cwd: Path, small: bool = False) -> subprocess.CompletedProcess:
+    """The ``beatloop`` command without root's permission override (file modes hold),
+    forked with TensorFlow imported (``start_python``); ``small``: on a full disk."""
+    script = Path(sys.executable).parent / "beatloop"
+    with contextlib.chdir(cwd):
+        process = start_python("-c", AS_USER, "small" if small else "-", script, *args)
+    try:
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 @pytest.mark.slow
@@ -256,19 +293,11 @@ def test_a_read_only_study_dir_shows_a_finished_study_and_refuses_the_rest(tmp_p
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def _small_files():
-    """In the child: no file may grow past 20 kB (a full disk, as SQLite sees one)."""
-    import resource
-
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
-
-
 @pytest.mark.slow
 def test_a_full_disk_when_the_study_is_made_exits_5_and_leaves_nothing(tmp_path):
     out = tmp_path / "study"
     done = _as_user("tune", "supervised", "--space", *SPACE, "--out", str(out), cwd=tmp_path,
-                    preexec=_small_files)  # fmt: skip
+                    small=True)  # fmt: skip
     assert done.returncode == 5, done.stderr
     assert f"the study's storage {out / 'study.db'} cannot be" in done.stderr
     assert "Traceback" not in done.stderr and "sqlalche.me" not in done.stderr
