@@ -172,12 +172,54 @@ def start_tune(out, *extra: str):
                         "--out", str(out), *extra)  # fmt: skip
 
 
-def wait_for_checkpoint(out, number: int, process) -> None:
-    """Until trial ``number`` has a checkpoint (the command still running)."""
-    checkpoint = out / f"trial-{number:04d}" / "checkpoints" / "checkpoint"
+#: Imported by every trial of the killed study (``--import``): after a trial saves an
+#: epoch's checkpoint (not the step-0 one a run starts with: a resume from it would
+#: restore no optimizer state) while ``HOLDS/hold-trial-N`` exists for it, it marks
+#: ``held-trial-N`` and waits until that file is removed or it is asked to stop
+#: (SIGTERM), so the test kills or stops it at a known point, however fast its epochs run.
+HOLD = """
+import time
+from pathlib import Path
+
+from beatloop.core.running.recovery import Recovery
+
+HOLDS = Path({holds!r})
+_save = Recovery.save
+
+
+def save(self, logs=None):
+    _save(self, logs)
+    if self.checkpoints is None or logs is None:
+        return
+    name = self.checkpoints.directory.parent.name
+    hold = HOLDS / f"hold-{{name}}"
+    if hold.exists():
+        (HOLDS / f"held-{{name}}").touch()
+        while hold.exists() and self._interrupt.requested is None:
+            time.sleep(0.01)
+
+
+Recovery.save = save
+"""
+
+
+def holding(tmp_path) -> tuple:
+    """``HOLD`` written for a test: its ``--import`` file and its ``HOLDS`` folder."""
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    hold = tmp_path / "hold.py"
+    hold.write_text(HOLD.format(holds=str(holds)))
+    return hold, holds
+
+
+def wait_until_held(holds, number: int, *processes) -> None:
+    """Until trial ``number`` has saved its first epoch's checkpoint and waits (the
+    commands still running)."""
+    held = holds / f"held-trial-{number:04d}"
     deadline = time.monotonic() + 240
-    while not checkpoint.exists():
-        assert process.poll() is None, process.communicate()[1][-3000:]
+    while not held.exists():
+        for process in processes:
+            assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"trial {number} made no checkpoint"
         time.sleep(0.02)
 
@@ -187,16 +229,21 @@ def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_los
     tmp_path,
 ):
     out = tmp_path / "study"
-    budget = ["--trials", "3", "--epochs", "40", "--pruner", "none"]
+    hold, holds = holding(tmp_path)
+    budget = ["--trials", "3", "--epochs", "3", "--pruner", "none", "--import", str(hold)]
+    (holds / "hold-trial-0001").touch()  # trial 1 waits at its epoch 1's checkpoint
     first = start_tune(out, *budget)
-    wait_for_checkpoint(out, 1, first)
+    wait_until_held(holds, 1, first)
+    assert (out / "trial-0001" / "checkpoints" / "checkpoint").exists()
     os.kill(first.pid, signal.SIGKILL)  # its trial's process dies with it
     first.communicate()
     assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "RUNNING"]
     complete = trials_of(out)[0].value
 
+    (holds / "hold-trial-0001").unlink()
+    (holds / "hold-trial-0002").touch()
     second = start_tune(out, *budget)  # resumes trial 1, then starts trial 2: Ctrl-C there
-    wait_for_checkpoint(out, 2, second)
+    wait_until_held(holds, 2, second)
     second.send_signal(signal.SIGINT)
     printed, err = second.communicate(timeout=300)
     assert second.returncode == 130, (printed[-2000:], err[-2000:])
@@ -206,6 +253,7 @@ def test_a_killed_or_interrupted_study_resumes_its_running_trial_exactly_and_los
     assert [t.state.name for t in trials_of(out)] == ["COMPLETE", "COMPLETE", "RUNNING"]
     assert "the same command resumes it" in (out / "logs" / "trial-0002.log").read_text()
 
+    (holds / "hold-trial-0002").unlink()
     third = start_tune(out, *budget)
     printed, err = third.communicate(timeout=300)
     assert third.returncode == 0, err[-3000:]
@@ -270,15 +318,24 @@ def test_commands_started_together_on_a_new_sqlite_file_share_one_study_and_its_
 
 @pytest.mark.slow
 def test_two_commands_on_one_storage_share_the_study(tmp_path):
+    """Each trial waits at its checkpoint until the other has one: a command runs one
+    trial at a time, so each of the two ran one."""
     out = tmp_path / "study"
-    budget = ["--trials", "4", "--epochs", "1", "--set", "hidden=8"]
+    hold, holds = holding(tmp_path)
+    budget = ["--trials", "2", "--epochs", "1", "--set", "hidden=8", "--import", str(hold)]
     budget += ["--objective", "val_loss:min", "--pruner", "hyperband"]
+    for number in (0, 1):
+        (holds / f"hold-trial-{number:04d}").touch()
     both = [start_tune(out, *budget), start_tune(out, *budget)]
+    for number in (0, 1):
+        wait_until_held(holds, number, *both)
+    for number in (0, 1):
+        (holds / f"hold-trial-{number:04d}").unlink()
     for process in both:
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, err[-3000:]
     trials = trials_of(out)
-    assert sorted(t.number for t in trials) == [0, 1, 2, 3]
+    assert sorted(t.number for t in trials) == [0, 1]
     assert all(t.state.name == "COMPLETE" for t in trials)
     assert len({t.user_attrs["pid"] for t in trials}) == 2  # each command ran some
     for trial in trials:  # judged by the figure named, at the last epoch
