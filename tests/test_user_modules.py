@@ -9,6 +9,7 @@ the user's modules and registrations as a new process would start without them."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import start_python
 
 import beatloop
 from beatloop import user_modules
@@ -250,9 +252,16 @@ def test_the_console_script_imports_from_the_working_dir(tmp_path):
     (tmp_path / "bl_user_recipes.py").write_text(RECIPES)
     script = Path(sys.executable).parent / "beatloop"
 
-    def beatloop_command(*args):
-        return subprocess.run([str(script), *args], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=300)  # fmt: skip
+    def beatloop_command(*args):  # forked with TensorFlow imported, as a new process
+        with contextlib.chdir(tmp_path):
+            process = start_python(script, *args)
+        try:
+            out, err = process.communicate(timeout=300)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        return subprocess.CompletedProcess(args, process.returncode, out, err)
 
     done = beatloop_command("run", "mine", "--import", "bl_user_recipes", *TRAIN,
                             "--run-dir", "r", "--quiet")  # fmt: skip
