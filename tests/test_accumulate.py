@@ -39,7 +39,6 @@ from beatloop.cli.workers import free_ports
 
 WORKERS = Path(__file__).parent / "workers"
 gated_run = worker("gated_run")
-gated_mirrored = worker("gated_mirrored")
 
 OPTIMIZERS = {
     "sgd": lambda: keras.optimizers.SGD(0.1),
@@ -220,12 +219,20 @@ def test_a_run_killed_in_the_middle_of_an_accumulation_resumes_bit_identical(tmp
     assert history_records(killed_dir) == history_records(full_dir)
 
 
-@pytest.mark.slow
-def test_accumulation_and_conditions_on_two_replicas_equal_one_device(tmp_path):
-    """MirroredStrategy over two logical CPUs (``workers/gated_mirrored.py``)."""
-    out = tmp_path / "mirrored.json"
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory) -> tuple[dict, dict]:
+    """``workers/gated_mirrored.py``'s report, and its one-device run of
+    ``only_if_accumulate_clip`` (weights and ``updates``): the multi-worker test's
+    reference, fitted once for both tests."""
+    out = tmp_path_factory.mktemp("gated") / "mirrored.json"
     run_python(WORKERS / "gated_mirrored.py", out)
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text()), load_npz(out.with_suffix(".npz"))
+
+
+@pytest.mark.slow
+def test_accumulation_and_conditions_on_two_replicas_equal_one_device(mirrored):
+    """MirroredStrategy over two logical CPUs (``workers/gated_mirrored.py``)."""
+    report = mirrored[0]
     assert report["replicas"] == 2
     for name, figures in report["runs"].items():
         assert figures["moved"] > 1e-2, name
@@ -262,9 +269,10 @@ def test_a_phase_accumulates_and_show_prints_it(capsys):
 
 
 @pytest.mark.slow
-def test_a_condition_and_accumulation_on_two_worker_processes_equal_one_device(tmp_path):
+def test_a_condition_and_accumulation_on_two_worker_processes_equal_one_device(tmp_path, mirrored):
     """MultiWorkerMirroredStrategy, two processes on 127.0.0.1: the condition (of the
-    global batch) agreed by both workers, the sums summed over them."""
+    global batch) agreed by both workers, the sums summed over them; against the same
+    run on one device (fitted by the mirrored worker: ``gated_mirrored.worker_run``)."""
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
@@ -274,12 +282,10 @@ def test_a_condition_and_accumulation_on_two_worker_processes_equal_one_device(t
         start_python(script, "--worker", out, TF_CONFIG=json.dumps(config))
         for out, config in zip(outputs, configs, strict=True)
     ]
-    try:  # the one-device run in this process while the workers train
-        single = gated_mirrored.worker_run()
-    finally:
-        finish_all(processes, timeout=240)
+    finish_all(processes, timeout=240)
     first, second = (load_npz(path) for path in outputs)
-    assert list(first.pop("updates")) == single.history["loss_updates"] == [6.0, 6.0]
+    single = dict(mirrored[1])
+    assert list(first.pop("updates")) == list(single.pop("updates")) == [6.0, 6.0]
     second.pop("updates")
     assert_same_weights(first, second)
-    assert largest_difference(first, all_weights(single.models)) < 1e-6
+    assert largest_difference(first, single) < 1e-6

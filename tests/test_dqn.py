@@ -74,6 +74,24 @@ def snapshot(engine) -> dict[str, np.ndarray]:
     return found
 
 
+@pytest.fixture(scope="module")
+def hand_written_runs() -> dict:
+    """The hand-written DQN's runs, by config, shared by the K that config runs at."""
+    return {}
+
+
+def fitted_hand(runs: dict, key: str, hand: HandWrittenDqn):
+    """``hand`` fitted ``EPOCHS`` epochs and its returns, once per config ``key``: a
+    later ``hand`` of the same config must start from the same weights as the fitted
+    one did, and the fitted one stands in for it."""
+    start = all_weights({"q": hand.q, "target": hand.target})
+    if key not in runs:
+        runs[key] = start, hand, hand.fit(EPOCHS)
+    initial, fitted, returns = runs[key]
+    assert_same_weights(start, initial)
+    return fitted, returns
+
+
 @pytest.mark.parametrize(
     "steps_per_execution, overrides",
     [
@@ -84,11 +102,15 @@ def snapshot(engine) -> dict[str, np.ndarray]:
     ],
     ids=["copy-K1", "copy-K4", "polyak-double-mse-K5", "cartpole-K4"],
 )
-def test_the_recipe_equals_the_hand_written_dqn_bit_for_bit(steps_per_execution, overrides):
+def test_the_recipe_equals_the_hand_written_dqn_bit_for_bit(
+    steps_per_execution, overrides, hand_written_runs
+):
+    """The hand-written DQN is run once per config (copy-K1 and copy-K4 share it), from
+    the same initial weights (checked)."""
     recipe = recipe_of(**overrides)
     engine, hand, history = engine_and_hand_loop(recipe, steps_per_execution=steps_per_execution)
     engine.fit(EPOCHS)
-    hand_returns = hand.fit(EPOCHS)
+    hand, hand_returns = fitted_hand(hand_written_runs, repr(sorted(overrides.items())), hand)
     steps = EPOCHS * SMALL["steps_per_epoch"]
     assert int(engine.counters.step) == steps
     models = engine.bound.models
@@ -273,10 +295,11 @@ def test_a_dqn_run_killed_mid_epoch_resumes_bit_identical_buffer_and_env_include
 
 @pytest.mark.slow
 def test_on_two_replicas_dqn_is_one_agent_the_same_run_as_on_one_device(tmp_path):
-    """dqn at its defaults (48 steps, after 100 warm-up moves) on one device and on a
-    MirroredStrategy over two CPUs, K=1 and K=4: the act moves the one agent once a
-    step, the buffer sample is split across the replicas. A test recipe's acts count
-    once a step on the global batch; a scalar draw in a loss is refused in words."""
+    """dqn at its defaults (48 steps, after 100 warm-up moves) on a MirroredStrategy
+    over two CPUs, K=1 and K=4, each against one device's run (at K=4; it does not
+    depend on K): the act moves the one agent once a step, the buffer sample is split
+    across the replicas. A test recipe's acts count once a step on the global batch; a
+    scalar draw in a loss is refused in words."""
     out = tmp_path / "mirrored.json"
     run_python(WORKER, "mirrored", str(out), timeout=600)
     report = json.loads(out.read_text())

@@ -1,10 +1,12 @@
 """Gated beats on one device and on a MirroredStrategy over two logical CPUs (same
 global batch), for ``test_accumulate.py``: ``python gated_mirrored.py OUT``. Writes,
 per run, the largest weight difference between the two, how far training moved the
-weights and each run's update counts per epoch, to OUT (JSON). ``python
+weights and each run's update counts per epoch, to OUT (JSON); and the one-device run
+of ``only_if_accumulate_clip`` (``worker_run`` without a strategy: the multi-worker
+test's reference), its weights and update counts, to OUT with the suffix .npz. ``python
 gated_mirrored.py --worker OUT``: one worker of a MultiWorkerMirroredStrategy (TF_CONFIG
 from the environment) training ``only_if_accumulate_clip``, its weights and update
-counts to OUT (.npz); ``worker_run`` is the same run on one device, in-process."""
+counts to OUT (.npz)."""
 
 from __future__ import annotations
 
@@ -58,8 +60,11 @@ def worker_run(strategy=None):
                         progress=False, steps_per_execution=4)  # fmt: skip
 
 
-def save_worker(out: str) -> None:
-    result = worker_run(tf.distribute.MultiWorkerMirroredStrategy())
+def save_worker(out, result=None) -> None:
+    """A run's weights and update counts to ``out`` (.npz): ``result``, or the worker's
+    run under a MultiWorkerMirroredStrategy."""
+    if result is None:
+        result = worker_run(tf.distribute.MultiWorkerMirroredStrategy())
     counts = np.array(result.history["loss_updates"])
     np.savez(out, **all_weights(result.models), updates=counts)
 
@@ -76,6 +81,8 @@ def main(out: str) -> None:
                          steps_per_execution=4)
             for s in (None, strategy)
         ]  # fmt: skip
+        if name == "only_if_accumulate_clip":  # worker_run(): the multi-worker reference
+            save_worker(Path(out).with_suffix(".npz"), runs[0])
         one, two = (all_weights(run.models) for run in runs)
         report["runs"][name] = {
             "max_difference": largest_difference(one, two),
