@@ -47,9 +47,10 @@ def register_data_sources() -> list[type]:
     from beatloop.sources.csv import CsvSource
     from beatloop.sources.folder import FolderSource
     from beatloop.sources.npz import NpzSource
+    from beatloop.sources.parquet import ParquetSource
     from beatloop.sources.tfrecord import TfrecordSource
 
-    return [FolderSource, CsvSource, NpzSource, TfrecordSource]
+    return [FolderSource, CsvSource, NpzSource, ParquetSource, TfrecordSource]
 
 
 @hookimpl

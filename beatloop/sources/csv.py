@@ -20,6 +20,7 @@ import attrs
 import tensorflow as tf
 
 from beatloop import DataError, DataSource, DataSplit
+from beatloop.sources.columns import feature_columns, key_columns
 from beatloop.sources.stream import StreamConfig, stream_split
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.
@@ -129,54 +130,11 @@ class CsvSource(DataSource):
 
     def _features(self, header: Sequence[str]) -> list[str]:
         """The columns gathered into ``x``; every column named must exist."""
-        config = self.config
-        named = ([config.label] if config.label is not None else []) + [
-            column for column, _ in self._key_columns()
-        ]
-        absent = [name for name in [*named, *config.features] if name not in header]
-        if absent:
-            raise DataError(
-                f"data source {self.label!r}: the CSV has no column(s) {absent}; its columns: "
-                f"{list(header)}"
-            )
-        into_x = [key for _, key in self._key_columns() if key.startswith("x/")]
-        if into_x and config.features:
-            raise DataError(
-                f"data source {self.label!r}: x is either the feature columns stacked "
-                f"(features={','.join(config.features)}) or a dict of named columns (keys "
-                f"{', '.join(into_x)}); leave out one"
-            )
-        if into_x:
-            return []  # x is a dict of the columns the keys name: a model's named inputs
-        features = list(config.features) or [name for name in header if name not in named]
-        if not features and config.label is None and config.keys:
-            return []  # keys alone (user, item, rating): batches without x
-        if not features:
-            raise DataError(
-                f"data source {self.label!r}: no columns are left for 'x' (every column is "
-                "the label or a key)"
-            )
-        return features
+        return feature_columns(self.config, self.label, header, "the CSV")
 
     def _key_columns(self) -> list[tuple[str, str]]:
-        """``(column, batch key)`` of each ``keys`` item: ``COLUMN`` or ``COLUMN:KEY``;
-        the batch keys distinct, none of them ``x`` or the label's ``y``."""
-        pairs = [
-            tuple(item.split(":", 1)) if ":" in item else (item, item) for item in self.config.keys
-        ]
-        taken = ["x"] + (["y"] if self.config.label is not None else [])
-        for column, key in pairs:
-            renamed = column != key
-            named = all(part.isidentifier() for part in key.split("/"))
-            if not column or (renamed and not named) or key in taken:
-                why = f"the batch key {key!r} is taken" if key in taken else "not COLUMN:KEY"
-                raise DataError(
-                    f"data source {self.label!r}: --data-set keys expects COLUMN or "
-                    f"COLUMN:KEY items (e.g. keys=userId:user,rating), got {column}:{key} "
-                    f"({why})"
-                )
-            taken.append(key)
-        return pairs
+        """``(column, batch key)`` of each ``keys`` item (``columns.key_columns``)."""
+        return key_columns(self.config, self.label)
 
     # --- the streamed pipeline -----------------------------------------------------------
 
