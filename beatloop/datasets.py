@@ -3,7 +3,8 @@ small real data that ships inside installed packages (nothing is downloaded), as
 ``tf.data`` pipelines of dicts: scikit-learn's digits (what most recipes and the docs
 train on), its breast-cancer cases and sample photos; ``batches``, the in-memory
 pipeline, and ``split_arrays``, arrays made into a ``DataSplit`` as the in-memory kinds
-(``folder``, ``npz``) and plugins' kinds make theirs."""
+(``folder``, ``npz``) and plugins' kinds make theirs; ``replayable``, a source's
+generator-fed pipeline marked as starting again the same at every pass (``parquet``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from beatloop.core.data.batches import DataSplit
+from beatloop.core.data.data_origin import replayable
 from beatloop.core.failures.errors import DataError
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "digits",
     "digits_arrays",
     "load_image",
+    "replayable",
     "sample_photo",
     "split_arrays",
     "with_outliers",

@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from beatloop import ConfigError, DataError, DataSource, DataSplit
+from beatloop.datasets import replayable
 from beatloop.sources.columns import batch_columns, feature_columns
 from beatloop.sources.csv import _sharded_by_data
 from beatloop.sources.stream import StreamConfig, stream_split
@@ -298,7 +299,10 @@ def _records(pq, parts: Sequence[Part], columns: Sequence[Column]):
                 start += count
 
     signature = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, width], tf.float64))
-    return tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch()
+    # Each pass starts the generator again, at the first file's first row: a resumed run
+    # reopening its passes reads what the interrupted one read (no warning needed).
+    generated = tf.data.Dataset.from_generator(rows, output_signature=signature)
+    return replayable(generated).unbatch()
 
 
 def _parser(columns: Sequence[Column], features: Sequence[str], keys):

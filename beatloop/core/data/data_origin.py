@@ -23,6 +23,10 @@ TICK = "tick"
 _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
 
 
+#: The attribute ``replayable`` marks a data set with.
+_REPLAYABLE = "_beatloop_replayable"
+
+
 #: What to evaluate a run on whose data are ``loop_data()`` without validation ticks.
 LOOP_DATA_ADVICE = (
     "its data are the recipe's own loop's ticks (beatloop.loop_data()), which hold no "
@@ -67,14 +71,28 @@ def refuse_endless_loop_data(dataset: tf.data.Dataset) -> None:
         )
 
 
+def replayable(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``dataset`` marked as fed from Python that starts again, the same, at every pass
+    (a generator reading files from their start, say): what it gives depends on no
+    Python state a checkpoint misses, so a resumed run, which opens the passes again and
+    skips the batches taken, continues exactly, and ``python_ops`` looks past it."""
+    setattr(dataset, _REPLAYABLE, True)
+    return dataset
+
+
 def python_ops(dataset: tf.data.Dataset) -> list[str]:
     """The ops that run Python in ``dataset``'s pipeline (its own and its inputs'
-    functions, and the functions those call), by type; none when it cannot be read.
-    The functions' graphs are read, not the data set's serialised graph, which would
-    copy every array the pipeline holds."""
+    functions, and the functions those call), by type, but for those of a ``replayable``
+    data set and its inputs; none when it cannot be read. The functions' graphs are
+    read, not the data set's serialised graph, which would copy every array the
+    pipeline holds."""
     found: set[str] = set()
     try:
+        marked = [d for d in pipeline(dataset) if getattr(d, _REPLAYABLE, False)]
+        exempt = {id(inner) for d in marked for inner in pipeline(d)}
         for current in pipeline(dataset):
+            if id(current) in exempt:
+                continue
             for value in vars(current).values():
                 if isinstance(value, structured_function.StructuredFunctionWrapper):
                     found |= _graph_ops(value.function.graph.as_graph_def())
