@@ -153,8 +153,13 @@ def test_columns_a_model_cannot_take_are_named_with_what_to_do(tmp_path):
         ),
         "nulls": (
             {"f": [0.5, 1.5, 2.5], "y": [0, None, None]},
-            "column 'y' holds 2 null(s) (the first in row 1 of the file); fill them "
+            "column 'y' holds nulls (the first in row 1 of the file); fill them "
             "(pyarrow.compute.fill_null) or drop those rows",
+        ),
+        "null-in-lists": (
+            {"f": pa.array([[1.0, None], [1.0, 2.0], [3.0, 4.0]]), "y": [0, 1, 0]},
+            "column 'f' holds lists with null values; fill them (pyarrow.compute.fill_null) "
+            "or drop those rows",
         ),
         "floats": (
             {"f": [0.5, 1.5, 2.5], "y": [0.0, 1.0, 0.0]},
@@ -172,6 +177,19 @@ def test_columns_a_model_cannot_take_are_named_with_what_to_do(tmp_path):
         assert said.endswith(words) and "\n" not in said
         (tmp_path / f"b-{name}.parquet").unlink()
     assert at  # the good file alone reads
+    write(tmp_path / "b-lists.parquet", {"f": pa.array([[1.0, 2.0]] * 3), "y": [0, 1, 0]})
+    write(tmp_path / "c-lists.parquet", {"f": pa.array([[1.0, 2.0, 3.0]] * 3), "y": [0, 1, 0]})
+    said = refused(f"{tmp_path}/*-lists.parquet", "label=y")
+    assert said == (
+        f"data source 'parquet:{tmp_path}/*-lists.parquet': the file "
+        f"'{tmp_path}/c-lists.parquet', column 'f' holds list<double> (lists of 3), the first "
+        "file's list<double> (lists of 2); write the files with one schema"
+    )
+    assert refused(f"{tmp_path}/a.parquet", "label=label").endswith(
+        f"the file '{tmp_path}/a.parquet' has no column(s) ['label']; its columns: ['f', 'y']"
+    )
+    write(tmp_path / "empty.parquet", {"f": pa.array([], pa.float64())})
+    assert refused(f"{tmp_path}/empty.parquet").endswith(": its files hold no rows")
     assert refused(f"{tmp_path}/none-*", "label=y") == (
         f"data source 'parquet:{tmp_path}/none-*': '{tmp_path}/none-*' matches no file; give "
         "a Parquet file, a folder of them or a glob, e.g. --data 'parquet:data/part-*.parquet'"
@@ -199,6 +217,15 @@ def test_a_damaged_file_is_named_before_the_first_step(tmp_path, digits_table, c
     assert not (tmp_path / "run").exists()
     (folder / "b.parquet").write_bytes(Path(csv_path).read_bytes())
     assert "magic bytes not found" in refused(str(folder), "label=digit")
+    # a damaged page inside the file: its row group named, at load
+    damaged = bytearray(whole)
+    chunk = pq.ParquetFile(pattern.replace("*", "1")).metadata.row_group(2).column(0)
+    damaged[chunk.data_page_offset + 40 : chunk.data_page_offset + 240] = b"\xff" * 200
+    (folder / "b.parquet").write_bytes(bytes(damaged))
+    assert refused(str(folder), "label=digit").startswith(
+        f"data source 'parquet:{folder}': the file '{folder}/b.parquet' does not read: its "
+        "row group 2 (rows 32 to 47) fails ("
+    )
 
 
 def test_without_pyarrow_loading_says_which_extra_and_importing_needs_none(

@@ -173,9 +173,10 @@ class ParquetSource(DataSource):
             offset += count
         return [found[name] for name in used], parts
 
-    def _kind(self, path: str, name: str, kind) -> tuple[bool, bool, object]:
+    def _kind(self, path: str, name: str, kind) -> tuple[bool, bool, str]:
         """``(is_list, is_integer, type)`` of a column's Arrow type (a dictionary's
-        values' type); a ``DataError`` for a type a model cannot take as numbers."""
+        values' type; a list's ``list<VALUES>``, of fixed size or not); a ``DataError``
+        for a type a model cannot take as numbers."""
         import pyarrow.types as t
 
         def number(value) -> bool:
@@ -198,50 +199,34 @@ class ParquetSource(DataSource):
                 f"{start} holds {what}, not numbers (or lists of numbers); convert it to "
                 "numbers, or leave it out with --data-set features=..."
             )
-        return is_list, not t.is_floating(inner), kind
+        text = f"list<{inner}>" if is_list else str(kind)  # fixed or not, the name aside
+        return is_list, not t.is_floating(inner), text
 
     def _values(self, pq, path: str, kinds) -> list[Column]:
-        """The columns of one file, read a batch of rows at a time: no nulls, a list
-        column's lists of one length, whether integers stay within int32."""
+        """The columns of one file, read a row group (a batch of rows at most) at a time:
+        no nulls, a list column's lists of one length, whether integers stay within
+        int32; a row group that does not read (a damaged page) named."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        start = f"data source {self.label!r}: the file {path!r}"
         names = list(kinds)
         widths: dict[str, set[int]] = {name: set() for name in names}
         whole = {name: kinds[name][1] for name in names}
-        row = 0
-        try:
-            for batch in pq.ParquetFile(path).iter_batches(_READ_ROWS, columns=names):
-                for name, values in zip(names, batch.columns, strict=True):
-                    is_list = kinds[name][0]
-                    if pa.types.is_dictionary(values.type):
-                        values = values.dictionary_decode()
-                    if values.null_count:
-                        first = row + int(np.argmax(values.is_null().to_numpy(False)))
-                        raise DataError(
-                            f"{start}, column {name!r} holds {values.null_count} null(s) "
-                            f"(the first in row {first} of the file); fill them "
-                            "(pyarrow.compute.fill_null) or drop those rows"
-                        )
-                    if is_list:
-                        widths[name] |= set(pc.list_value_length(values).unique().to_pylist())
-                        values = pc.list_flatten(values)
-                        if values.null_count:
-                            raise DataError(
-                                f"{start}, column {name!r} holds lists with null values; "
-                                "fill them (pyarrow.compute.fill_null) or drop those rows"
-                            )
-                    if whole[name] and len(values):
-                        low, high = pc.min_max(values).values()
-                        whole[name] = _INT32[0] <= low.as_py() and high.as_py() <= _INT32[1]
-                row += batch.num_rows
-        except pa.ArrowException as error:
-            raise DataError(
-                f"{start} does not read past row {row} ({' '.join(str(error).split())}); "
-                "write it again, or remove it"
-            ) from None
+        reader, row = pq.ParquetFile(path), 0
+        for group in range(reader.num_row_groups):
+            size = reader.metadata.row_group(group).num_rows
+            try:
+                for batch in reader.iter_batches(_READ_ROWS, [group], names):
+                    for name, values in zip(names, batch.columns, strict=True):
+                        self._check(path, name, values, row, kinds[name][0], widths, whole)
+                    row += batch.num_rows
+            except (pa.ArrowException, OSError) as error:  # a damaged page: OSError
+                raise DataError(
+                    f"data source {self.label!r}: the file {path!r} does not read: its row "
+                    f"group {group} (rows {row} to {row + size - 1}) fails "
+                    f"({' '.join(str(error).split())}); write it again, or remove it"
+                ) from None
         columns = []
+        start = f"data source {self.label!r}: the file {path!r}"
         for name in names:
             if kinds[name][0] and len(widths[name]) > 1:
                 raise DataError(
@@ -250,9 +235,36 @@ class ParquetSource(DataSource):
                     "(pad or cut them), or be left out with --data-set features=..."
                 )
             width = next(iter(widths[name])) if kinds[name][0] and widths[name] else 1
-            kind = str(kinds[name][2])
-            columns.append(Column(name, width, whole[name], kinds[name][0], kind))
+            columns.append(Column(name, width, whole[name], kinds[name][0], kinds[name][2]))
         return columns
+
+    def _check(self, path, name, values, row: int, is_list: bool, widths, whole) -> None:
+        """One batch of a column's values: a ``DataError`` for nulls (naming the first
+        null's row in the file); the list lengths and whether it stays within int32
+        noted in ``widths`` and ``whole``."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        start = f"data source {self.label!r}: the file {path!r}, column {name!r}"
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        if values.null_count:
+            first = row + int(np.argmax(values.is_null().to_numpy(False)))
+            raise DataError(
+                f"{start} holds nulls (the first in row {first} of the file); fill them "
+                "(pyarrow.compute.fill_null) or drop those rows"
+            )
+        if is_list:
+            widths[name] |= set(pc.list_value_length(values).unique().to_pylist())
+            values = pc.list_flatten(values)
+            if values.null_count:
+                raise DataError(
+                    f"{start} holds lists with null values; fill them "
+                    "(pyarrow.compute.fill_null) or drop those rows"
+                )
+        if whole[name] and len(values):
+            low, high = pc.min_max(values).values()
+            whole[name] = _INT32[0] <= low.as_py() and high.as_py() <= _INT32[1]
 
     def _agrees(self, first: Column, column: Column, path: str) -> None:
         """A ``DataError`` when a file's column has another type or shape than the first
