@@ -1,5 +1,5 @@
 """The ``parquet`` source kind: Parquet files (``--data parquet:data/part-*.parquet``, a
-file, a glob or a folder), streamed a row group at a time through the shared pipeline
+file, a glob or a folder), streamed a batch of rows at a time through the shared pipeline
 (``beatloop.sources.stream``), never read into memory whole.
 
 Columns are chosen as ``csv`` chooses them (``beatloop.sources.columns``): ``label``,
@@ -83,7 +83,7 @@ def _pyarrow(label: str):
 
 
 class ParquetSource(DataSource):
-    """Parquet files (a file, a glob or a folder), streamed a row group at a time: batches
+    """Parquet files (a file, a glob or a folder), streamed a batch of rows at a time: batches
     {x} (float32, (n, features)), plus y (the label column) and any columns named in keys,
     as csv gives them; list columns of one length are fixed-size features."""
 
@@ -283,7 +283,9 @@ class ParquetSource(DataSource):
 
 def _records(pq, parts: Sequence[Part], columns: Sequence[Column]):
     """``(index, row)`` pairs: each row's chosen columns as one float64 vector (a list
-    column's values in place), the files in order, a batch of rows read at a time."""
+    column's values in place), the files in order, a batch of rows read at a time, one
+    row group at a time (pyarrow's ``iter_batches`` over a whole file reads every row
+    group's chunks ahead: memory would grow with the file)."""
     import tensorflow as tf
 
     names = [column.name for column in columns]
@@ -304,11 +306,12 @@ def _records(pq, parts: Sequence[Part], columns: Sequence[Column]):
 
     def rows():
         for part in parts:
-            start = part.offset
-            for batch in pq.ParquetFile(part.path).iter_batches(_READ_ROWS, columns=names):
-                count = batch.num_rows
-                yield np.arange(start, start + count, dtype=np.int64), matrix(batch, count)
-                start += count
+            start, reader = part.offset, pq.ParquetFile(part.path)
+            for group in range(reader.num_row_groups):  # one at a time: memory bounded
+                for batch in reader.iter_batches(_READ_ROWS, [group], names):
+                    count = batch.num_rows
+                    yield np.arange(start, start + count, dtype=np.int64), matrix(batch, count)
+                    start += count
 
     signature = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, width], tf.float64))
     # Each pass starts the generator again, at the first file's first row: a resumed run
