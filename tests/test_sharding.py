@@ -1,7 +1,7 @@
 """Input sharding under MultiWorkerMirroredStrategy: three worker processes on 127.0.0.1
 read a source's training data as the engine distributes it (tf.distribute's auto-shard),
 and across them every example is seen exactly once per pass, for sources sharded by
-data (npz, csv: one file; tfrecord shards by default) and by file (tfrecord shards with
+data (npz, csv and parquet: one file; tfrecord shards by default) and by file (tfrecord shards with
 ``shard=file``)."""
 
 from __future__ import annotations
@@ -29,12 +29,18 @@ BATCH = 8
 
 def write_sources(folder: Path) -> list[dict]:
     """The same COUNT examples (``x``: 2 floats, ``id``: 0..COUNT-1) as an npz file, a
-    CSV file with an id column, and four TFRecord shards of tf.train.Examples."""
+    CSV file and a Parquet file with an id column (in row groups of 20), and four
+    TFRecord shards of tf.train.Examples."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     ids = np.arange(COUNT)
     x = np.stack([ids * 0.5, -ids * 0.25], axis=1).astype(np.float32)
     np.savez(folder / "data.npz", x=x, id=ids)
     rows = [f"{i},{a},{b}" for i, (a, b) in zip(ids, x, strict=True)]
     (folder / "data.csv").write_text("id,a,b\n" + "\n".join(rows) + "\n")
+    table = pa.table({"id": ids, "a": x[:, 0], "b": x[:, 1]})
+    pq.write_table(table, folder / "data.parquet", row_group_size=20)
     shards = folder / "shards"
     shards.mkdir()
     for shard, part in enumerate(np.array_split(ids, 4)):
@@ -52,6 +58,7 @@ def write_sources(folder: Path) -> list[dict]:
     return [
         {"name": "npz", "data": f"npz:{folder / 'data.npz'}"},
         {"name": "csv", "data": f"csv:{folder / 'data.csv'}", "settings": ["keys=id"]},
+        {"name": "parquet", "data": f"parquet:{folder / 'data.parquet'}", "settings": ["keys=id"]},
         {
             "name": "tfrecord",
             "data": f"tfrecord:{shards}/part-*.tfrecord",
@@ -75,7 +82,7 @@ def test_each_example_is_seen_once_per_pass_across_three_workers(tmp_path):
     finish_all(processes, timeout=300)
     reports = [json.loads(out.read_text()) for out in outputs]
     assert [report["workers"] for report in reports] == [WORKERS] * WORKERS
-    for source in ("npz", "csv", "tfrecord", "tfrecord_by_data"):
+    for source in ("npz", "csv", "parquet", "tfrecord", "tfrecord_by_data"):
         passes = [report["sources"][source] for report in reports]  # [worker][pass] -> ids
         for number in range(2):
             per_worker = [worker[number] for worker in passes]
