@@ -15,11 +15,12 @@ dwa):
 - rating: a rating model on both embeddings concatenated, mean squared error.
 
 Figures: each task's loss, RMSE, and recall@K (``recall_at_k``): the share of rows whose
-item is among the K best-scored of the items its user did not rate in training (exact,
-brute force over the vocabulary: the unrated items scoring above the row's own item
-counted; unknown items never hit). The training ratings are a users x items table of
-bytes built with the vocabularies. Exported:
-``top_items``, user ids -> the K best item ids and their scores.
+item is among the K best-scored of the items its user did not rate in training (exact:
+the unrated items scoring above the row's own item counted, every item scored,
+``recall_chunk`` at a time; unknown items never hit). The items each user rated are kept
+sparse (``beatloop.recipes.retrieval``): memory grows with the ratings and the items,
+never users x items. Exported: ``top_items``, user ids -> the K best item ids and their
+scores (a running top-K over the same chunks).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from beatloop import (
     choice,
     setting,
 )
-from beatloop.recipes import loss_weights
+from beatloop.recipes import loss_weights, retrieval
 from beatloop.recipes.recommender_data import Vocabulary, read_vocabulary, synthetic_split
 
 _positive = attrs.validators.gt(0)
@@ -85,6 +86,14 @@ class RecommenderConfig:
     top_k: int = setting(
         10, "K of the figures' recall@K and of the exported top items: below the data's items",
         _positive,
+    )  # fmt: skip
+    recall_chunk: int = setting(
+        8192, "items recall@K and top_items score at once (memory: batch x this scores)",
+        _positive,
+    )  # fmt: skip
+    train_recall: bool = setting(
+        True, "recall@K on training batches too (it scores every item each step: off for "
+        "large catalogues, where val_recall_at_k is what counts)",
     )  # fmt: skip
     learning_rate: float = setting(0.05, "Adam's learning rate", _positive)
     batch_size: int = setting(128, "batch size of the built-in data", _positive)
@@ -184,6 +193,7 @@ class Recommender(Recipe):
         models.update(loss_weights.weight_models(c.weighting, TASKS, c.weights))
         self.item_lookup = lookup_layer(vocabulary.items)(vocabulary=vocabulary.items)
         self.user_lookup = lookup_layer(vocabulary.users)(vocabulary=vocabulary.users)
+        self.seen = seen_variables(vocabulary)
         return models
 
     def build_state(self) -> dict[str, tf.Variable]:
@@ -228,11 +238,11 @@ class Recommender(Recipe):
             loss_weights.weighted(models, c.weighting, index, name, loss)
             for index, (name, loss) in enumerate(zip(TASKS, (retrieval, rating), strict=True))
         ]
-        hits = self._hits(models, users, ids(batch[c.user_key]), item_ids)
-        return {
-            "loss": tf.add_n(total), "retrieval": retrieval, "rating": rating,
-            "predicted": predicted, "hits": hits,
-        }  # fmt: skip
+        out = {"loss": tf.add_n(total), "retrieval": retrieval, "rating": rating,
+               "predicted": predicted}  # fmt: skip
+        if c.train_recall or not models.is_training("user"):
+            out["hits"] = self._hits(models, users, ids(batch[c.user_key]), item_ids)
+        return out
 
     def _ratings(self, batch) -> tf.Tensor:
         """The batch's ratings as float32 (a CSV's whole-number ratings are int32)."""
@@ -246,15 +256,15 @@ class Recommender(Recipe):
     def _hits(self, models: ModelCalls, users, user_ids, item_ids) -> tf.Tensor:
         """1 where the row's item is among the K best-scored of the known items its user
         did not rate in training (the row's own item aside)."""
-        vocabulary = self._vocabulary()
+        c, vocabulary = self.config, self._vocabulary()
         every = models["item"](tf.constant(vocabulary.items))
-        scores = tf.stop_gradient(tf.matmul(users, every, transpose_b=True))
         index = self._index(item_ids)
-        own = tf.gather(scores, tf.maximum(index - 1, 0), batch_dims=1)
-        seen = tf.gather(tf.constant(vocabulary.seen), self.user_lookup(user_ids))
-        unseen_above = tf.logical_and(scores > own[:, None], tf.equal(seen, 0))
-        above = tf.reduce_sum(tf.cast(unseen_above, tf.int32), axis=1)
-        return tf.cast(tf.logical_and(index > 0, above < self.config.top_k), tf.float32)
+        starts, rated = self.seen
+        above = retrieval.count_unseen_above(
+            tf.stop_gradient(users), tf.stop_gradient(every), tf.maximum(index - 1, 0),
+            self.user_lookup(user_ids), starts, rated, c.recall_chunk,
+        )  # fmt: skip
+        return tf.cast(tf.logical_and(index > 0, above < c.top_k), tf.float32)
 
     # --- figures -------------------------------------------------------------------------
 
@@ -266,11 +276,12 @@ class Recommender(Recipe):
 
     def update_metrics(self, metrics, batch, outputs) -> None:
         out = outputs["total"]
-        rows = tf.cast(tf.shape(out["hits"])[0], tf.float32)  # replicas by their rows
+        rows = tf.cast(tf.shape(out["predicted"])[0], tf.float32)  # replicas by their rows
         for name in TASKS:
             metrics[f"{name}_loss"].update_state(out[name], sample_weight=rows)
         metrics["rmse"].update_state(self._ratings(batch), out["predicted"])
-        metrics["recall_at_k"].update_state(out["hits"])
+        if "hits" in out:  # not in training with train_recall off: the figure is missing
+            metrics["recall_at_k"].update_state(out["hits"])
 
     def epoch_figures(self, run: Run) -> dict[str, float]:
         weights = loss_weights.current_weights(run.models, self.config.weighting, TASKS)
@@ -288,7 +299,8 @@ class Recommender(Recipe):
         """``top_items``: user ids -> ``item_ids`` and ``scores`` of the K best items."""
         user = models["user"]
         inputs = keras.Input((), dtype=user.inputs[0].dtype)
-        top = TopItems(models["item"], self._vocabulary().items, self.config.top_k)
+        c = self.config
+        top = TopItems(models["item"], self._vocabulary().items, c.top_k, c.recall_chunk)
         return {"top_items": keras.Model(inputs, top(user(inputs)), name="top_items")}
 
 
@@ -299,14 +311,27 @@ def ids(values: tf.Tensor) -> tf.Tensor:
 
 
 class TopItems(keras.layers.Layer):
-    """User embeddings -> the K best-scored items (brute force over every item)."""
+    """User embeddings -> the K best-scored items, every item scored ``chunk`` at a time
+    with a running top-K (the same items and order as one ``top_k`` over all)."""
 
-    def __init__(self, item_tower: keras.Layer, items: np.ndarray, k: int, **kwargs):
+    def __init__(self, item_tower: keras.Layer, items: np.ndarray, k: int, chunk: int, **kwargs):
         super().__init__(**kwargs)
-        self.item_tower, self.items, self.k = item_tower, items, min(k, len(items))
+        self.item_tower, self.items = item_tower, items
+        self.k, self.chunk = min(k, len(items)), chunk
 
     def call(self, users):
         items = tf.constant(self.items)
-        scores = tf.matmul(users, self.item_tower(items), transpose_b=True)
-        best = tf.math.top_k(scores, k=self.k)
-        return {"item_ids": tf.gather(items, best.indices), "scores": best.values}
+        scores, best = retrieval.running_top_k(users, self.item_tower(items), self.k, self.chunk)
+        return {"item_ids": tf.gather(items, best), "scores": scores}
+
+
+def seen_variables(vocabulary: Vocabulary) -> tuple[tf.Variable, tf.Variable]:
+    """The seen pairs as variables, not graph constants (TensorFlow caps a graph at 2 GB),
+    and not checkpointed: they are read from the training data like the vocabularies."""
+    seen = vocabulary.seen
+    if seen is None:
+        return tf.Variable(tf.zeros([2], tf.int64)), tf.Variable(tf.zeros([0], tf.int32))
+    return (
+        tf.Variable(seen.starts, trainable=False, name="seen_starts"),
+        tf.Variable(seen.items, trainable=False, name="seen_items"),
+    )

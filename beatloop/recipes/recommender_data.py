@@ -14,7 +14,6 @@ order) are the validation split. User ids are strings (``"u17"``), item ids inte
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 
 import attrs
 import numpy as np
@@ -22,45 +21,101 @@ import tensorflow as tf
 
 from beatloop import DataError, DataSplit
 from beatloop import datasets as data
+from beatloop.recipes.retrieval import SeenPairs
 
 FACTORS = 8
 #: Ratings per user held out for validation.
 HELD_OUT = 5
+#: Up to this many users x items the synthetic data draws each user's items exactly
+#: (the dense draw it replaces needed 32 bytes each).
+EXACT_CELLS = 2**28
+#: Users x items (or candidates) the synthetic data draws at once: its working memory.
+CELLS_AT_ONCE = 2**21
+#: Above ``EXACT_CELLS``, items drawn by popularity per rating a user makes.
+CANDIDATES = 3
 
 
 def synthetic_ratings(
     seed: int, users: int, items: int, per_user: int
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Training and validation rows ``{"user": str, "item": int64, "rating": float32}``."""
+    """Training and validation rows ``{"user": str, "item": int64, "rating": float32}``,
+    drawn ``CELLS_AT_ONCE`` keys at a time: memory grows with users + items + ratings.
+    Up to ``EXACT_CELLS`` users x items each user's items are an exact Gumbel top-k over
+    every item; above it, over candidates drawn by popularity (``_candidates``)."""
     rng = np.random.default_rng(seed)
     user_factors = rng.normal(size=(users, FACTORS))
     item_factors = rng.normal(size=(items, FACTORS))
-    affinity = user_factors @ item_factors.T / np.sqrt(FACTORS)
     popularity = 1.0 / np.arange(1, items + 1) ** 0.8
     popularity = popularity[rng.permutation(items)]  # popular ids are not the first
     counts = np.clip(rng.poisson(per_user, size=users), HELD_OUT + 5, items // 2)
-    # Gumbel top-k: each user's items drawn without replacement by weight.
-    keys = np.log(popularity)[None, :] + 1.5 * affinity + rng.gumbel(size=(users, items))
-    order = np.argsort(-keys, axis=1)
+    exact = users * items <= EXACT_CELLS
+    draw = _gumbel_top if exact else _candidates
+    keys = items if exact else CANDIDATES * int(counts.max(initial=1))
+    at_once = users_at_once(keys)
+    chosen = []  # per user: the items it rates, by descending key, and their affinity
+    for start in range(0, users, at_once):
+        rows = slice(start, start + at_once)
+        chosen += draw(rng, user_factors[rows], item_factors, popularity, counts[rows])
     bias = 0.5 * rng.normal(size=items)
     train, validation = [], []
-    for user in range(users):
-        chosen = rng.permutation(order[user, : counts[user]])
-        noise = 0.4 * rng.normal(size=chosen.size)
-        rating = np.clip(np.round(3.0 + affinity[user, chosen] + bias[chosen] + noise), 1, 5)
-        rows = [(f"u{user}", 1000 + item, r) for item, r in zip(chosen, rating, strict=True)]
-        train += rows[HELD_OUT:]
-        validation += rows[:HELD_OUT]
-    shuffled = [train[i] for i in rng.permutation(len(train))]
-    return _columns(shuffled), _columns(validation)
+    for user, (order, affinity) in enumerate(chosen):
+        shuffle = rng.permutation(order.size)
+        picked, near = order[shuffle], affinity[shuffle]
+        noise = 0.4 * rng.normal(size=picked.size)
+        rating = np.clip(np.round(3.0 + near + bias[picked] + noise), 1, 5)
+        rows = (np.full(picked.size, user), 1000 + picked, rating)
+        train.append([column[HELD_OUT:] for column in rows])
+        validation.append([column[:HELD_OUT] for column in rows])
+    train_columns = [np.concatenate(column) for column in zip(*train, strict=True)]
+    shuffled = rng.permutation(len(train_columns[0]))
+    validation_columns = [np.concatenate(column) for column in zip(*validation, strict=True)]
+    return _columns([c[shuffled] for c in train_columns]), _columns(validation_columns)
 
 
-def _columns(rows) -> dict[str, np.ndarray]:
-    user, item, rating = zip(*rows, strict=True)
+def users_at_once(keys: int) -> int:
+    """Users drawn at once when each draws ``keys`` keys."""
+    return max(1, CELLS_AT_ONCE // keys)
+
+
+def _gumbel_top(rng, factors, item_factors, popularity, wanted) -> list:
+    """Each user's items drawn without replacement with probability proportional to
+    popularity times ``exp(1.5 affinity)`` (Gumbel top-k), in descending key order."""
+    affinity = factors @ item_factors.T / np.sqrt(FACTORS)
+    keys = np.log(popularity)[None, :] + 1.5 * affinity + rng.gumbel(size=affinity.shape)
+    most = int(wanted.max())
+    top = np.argpartition(-keys, most - 1, axis=1)[:, :most]
+    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(keys, top, 1), axis=1), 1)
+    return [(top[row, :n], affinity[row, top[row, :n]]) for row, n in enumerate(wanted)]
+
+
+def _candidates(rng, factors, item_factors, popularity, wanted) -> list:
+    """As ``_gumbel_top``, with keys only for ``CANDIDATES`` x the wanted count of items
+    drawn by popularity (repeats kept once): time and memory grow with the ratings,
+    not users x items."""
+    cumulative = np.cumsum(popularity / popularity.sum())
+    shape = (len(wanted), int(wanted.max()) * CANDIDATES)
+    picked = np.searchsorted(cumulative, rng.random(shape)).clip(max=len(popularity) - 1)
+    picked.sort(axis=1)
+    repeated = np.zeros(shape, bool)
+    repeated[:, 1:] = picked[:, 1:] == picked[:, :-1]
+    affinity = np.einsum("uf,ucf->uc", factors, item_factors[picked]) / np.sqrt(FACTORS)
+    keys = np.where(repeated, -np.inf, 1.5 * affinity + rng.gumbel(size=shape))
+    order = np.argsort(-keys, axis=1)
+    result = []
+    for row, n in enumerate(wanted):
+        best = order[row, : min(n, int((~repeated[row]).sum()))]
+        result.append((picked[row, best], affinity[row, best]))
+    return result
+
+
+def _columns(columns) -> dict[str, np.ndarray]:
+    """The rows as the built-in data gives them: ``"u17"``-style user ids."""
+    user, item, rating = columns
+    names = np.char.add("u", user.astype(f"U{len(str(user.max(initial=0)))}"))
     return {
-        "user": np.array(user),
-        "item": np.array(item, dtype=np.int64),
-        "rating": np.array(rating, dtype=np.float32),
+        "user": names.astype(f"U{np.char.str_len(names).max(initial=1)}"),
+        "item": item.astype(np.int64),
+        "rating": rating.astype(np.float32),
     }
 
 
@@ -75,14 +130,13 @@ def synthetic_split(seed: int, batch_size: int, users: int, items: int, per_user
 @attrs.frozen
 class Vocabulary:
     """The ids of the training data, sorted (independent of its order), with how often
-    each item was rated (for log-Q and the popularity baseline)."""
+    each item was rated (for log-Q and the popularity baseline) and which items each
+    user rated (``seen``: by lookup row, sparse)."""
 
     users: np.ndarray
     items: np.ndarray
     item_counts: np.ndarray
-    #: ``seen[u, i]``: 1 where user index ``u`` rated item ``i`` (both by lookup index
-    #: less one; unknown users see nothing) in the training data.
-    seen: np.ndarray
+    seen: SeenPairs | None
 
     def fingerprint(self) -> int:
         """A 63-bit hash of both vocabularies: what a checkpoint records, so a run
@@ -100,24 +154,31 @@ class Vocabulary:
 
 
 def read_vocabulary(train: tf.data.Dataset, user_key: str, item_key: str) -> Vocabulary:
-    """One pass over the training batches: the sorted user and item ids, item counts."""
-    users, items, pairs = set(), Counter(), set()
+    """One pass over the training batches: the sorted user and item ids, item counts and
+    the seen pairs, in memory that grows with the rows (never users x items)."""
+    users, items = [], []
     for batch in train:
-        user_ids = [_text(u) for u in batch[user_key].numpy().reshape(-1).tolist()]
-        item_ids = [_text(i) for i in batch[item_key].numpy().reshape(-1).tolist()]
-        users.update(user_ids)
-        items.update(item_ids)
-        pairs.update(zip(user_ids, item_ids, strict=True))
-    if not users:
+        users.append(_ids(batch[user_key]))
+        items.append(_ids(batch[item_key]))
+    if not sum(len(u) for u in users):
         raise DataError("the recommender's training data holds no rows: it needs ratings")
-    user_ids, item_ids = sorted(users), sorted(items)
-    seen = np.zeros([len(user_ids) + 1, len(item_ids)], np.uint8)
-    user_row = {u: row + 1 for row, u in enumerate(user_ids)}
-    item_column = {i: column for column, i in enumerate(item_ids)}
-    for user, item in pairs:
-        seen[user_row[user], item_column[item]] = 1
-    counts = np.array([items[i] for i in item_ids], dtype=np.float64)
-    return Vocabulary(np.array(user_ids), np.array(item_ids), counts, seen)
+    user_ids, user_rows = np.unique(np.concatenate(users), return_inverse=True)
+    item_ids, item_columns, counts = np.unique(
+        np.concatenate(items), return_inverse=True, return_counts=True
+    )
+    seen = SeenPairs.from_pairs(user_rows + 1, item_columns, len(user_ids))
+    return Vocabulary(_texts(user_ids), _texts(item_ids), counts.astype(np.float64), seen)
+
+
+def _ids(values: tf.Tensor) -> np.ndarray:
+    """A batch's ids as a flat array: strings as bytes, integers as int64."""
+    flat = values.numpy().reshape(-1)
+    return flat.astype(np.bytes_) if flat.dtype == object else flat.astype(np.int64)
+
+
+def _texts(ids: np.ndarray) -> np.ndarray:
+    """Sorted string ids as ``str`` (TensorFlow gives bytes; UTF-8 sorts as ``str``)."""
+    return np.char.decode(ids, "utf-8") if ids.dtype.kind == "S" else ids
 
 
 def baselines(train: dict, validation: dict, k: int) -> dict[str, float]:
@@ -138,8 +199,3 @@ def baselines(train: dict, validation: dict, k: int) -> dict[str, float]:
     mean = float(train["rating"].mean())
     rmse = float(np.sqrt(np.mean((validation["rating"] - mean) ** 2)))
     return {"popular_recall": recall, "mean_rmse": rmse, "random_recall": float(np.mean(chance))}
-
-
-def _text(value):
-    """A string id as ``str`` (TensorFlow gives bytes), an integer as it is."""
-    return value.decode() if isinstance(value, bytes) else value
