@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import sys
 
 import keras
+import numpy as np
 import tensorflow as tf
 from common import cross_race, handwritten_epochs, race_arguments, summed_per_id, timed_fit
 
@@ -63,6 +64,17 @@ def run_beatloop(data, epochs: int, steps_per_execution: int | str) -> list[floa
     return timed_fit(recipe, data, epochs, steps_per_execution, **parts)
 
 
+def dense_seen(vocabulary) -> np.ndarray:
+    """The users x items table of seen pairs a hand-written loop keeps at this size
+    (beatloop's own is sparse; before it was this table)."""
+    if isinstance(vocabulary.seen, np.ndarray):
+        return vocabulary.seen
+    starts = vocabulary.seen.starts
+    table = np.zeros([len(starts) - 1, len(vocabulary.items)], np.uint8)
+    table[np.repeat(np.arange(len(starts) - 1), np.diff(starts)), vocabulary.seen.items] = 1
+    return table
+
+
 def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float]:
     recipe, models, optimizer = make_parts(data)
     user, item, rating_model = models["user"], models["item"], models["rating"]
@@ -71,6 +83,7 @@ def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float
     optimizer.build(variables)
     weights = models["loss_weights"].variable
     vocabulary = recipe.vocabulary
+    seen_table = tf.constant(dense_seen(vocabulary))
     user_lookup, item_lookup = user.layers[0], item.layers[0]
     metrics = {name: keras.metrics.Mean(name) for name in ("retrieval", "rating", "recall")}
     metrics["rmse"] = keras.metrics.RootMeanSquaredError()
@@ -92,7 +105,7 @@ def run_handwritten(data, epochs: int, steps_per_call: int | None) -> list[float
         every = item(tf.constant(vocabulary.items))
         scores = tf.stop_gradient(tf.matmul(users, every, transpose_b=True))
         own = tf.gather(scores, tf.maximum(index - 1, 0), batch_dims=1)
-        seen = tf.gather(tf.constant(vocabulary.seen), user_lookup(batch["user"]))
+        seen = tf.gather(seen_table, user_lookup(batch["user"]))
         above = tf.reduce_sum(tf.cast((scores > own[:, None]) & (seen == 0), tf.int32), 1)
         hits = tf.cast((index > 0) & (above < 10), tf.float32)
         rows = tf.cast(tf.shape(users)[0], tf.float32)

@@ -64,30 +64,40 @@ def count_unseen_above(
     ``users`` ``[B, d]``, ``item_vectors`` ``[I, d]`` (static ``I``) and ``user_rows``
     the users' lookup rows. Peak memory: ``B x chunk`` scores and the batch's seen pairs."""
     count, width = item_vectors.shape[0], chunk_width(item_vectors.shape[0], chunk)
+    seen_row, seen_column = _batch_seen(user_rows, seen_starts, seen_items)
+    if width >= count:  # one chunk: the dense product itself, each row's own score in it
+        scores = tf.matmul(users, item_vectors, transpose_b=True)
+        own_score = tf.gather(scores, own, batch_dims=1)
+        return _above_in(scores, own_score, 0, count, count, seen_row, seen_column)
     chunks = -(-count // width)
     padded = tf.pad(item_vectors, [[0, chunks * width - count], [0, 0]])
     own_score = _own_scores(users, tf.gather(item_vectors, own), width)
-    seen_row, seen_column = _batch_seen(user_rows, seen_starts, seen_items)
-    own_of_seen = tf.gather(own_score, seen_row)
 
     def body(index, above):
         start = index * width
         scores = tf.matmul(users, padded[start : start + width], transpose_b=True)
-        real = tf.range(width) < count - start
-        higher = tf.logical_and(scores > own_score[:, None], real[None, :])
-        above += tf.reduce_sum(tf.cast(higher, tf.int32), axis=1)
-        inside = tf.logical_and(seen_column >= start, seen_column < start + width)
-        where = tf.stack([seen_row, seen_column - start], axis=1)
-        seen_scores = tf.gather_nd(scores, _clip(where, width))
-        seen_higher = tf.logical_and(inside, seen_scores > own_of_seen)
-        seen_above = tf.math.unsorted_segment_sum(
-            tf.cast(seen_higher, tf.int32), seen_row, tf.shape(users)[0]
-        )
-        return index + 1, tf.ensure_shape(above - seen_above, users.shape[:1])
+        above += _above_in(scores, own_score, start, width, count, seen_row, seen_column)
+        return index + 1, tf.ensure_shape(above, users.shape[:1])
 
     start = (tf.constant(0), tf.zeros(tf.shape(users)[:1], tf.int32))
-    _, above = tf.while_loop(lambda index, _: index < chunks, body, start)
-    return above
+    return tf.while_loop(lambda index, _: index < chunks, body, start)[1]
+
+
+def _above_in(scores, own_score, start, width, count, seen_row, seen_column) -> tf.Tensor:
+    """Per row, the items its user did not rate in ``scores`` (``width`` items from
+    ``start``, of ``count`` in all) that score above its own: all above, less the rated
+    ones above."""
+    real = tf.range(width) < count - start
+    higher = tf.logical_and(scores > own_score[:, None], real[None, :])
+    inside = tf.logical_and(seen_column >= start, seen_column < start + width)
+    where = tf.stack([seen_row, tf.clip_by_value(seen_column - start, 0, width - 1)], axis=1)
+    seen_higher = tf.logical_and(
+        inside, tf.gather_nd(scores, where) > tf.gather(own_score, seen_row)
+    )
+    seen_above = tf.math.unsorted_segment_sum(
+        tf.cast(seen_higher, tf.int32), seen_row, tf.shape(scores)[0]
+    )
+    return tf.reduce_sum(tf.cast(higher, tf.int32), axis=1) - seen_above
 
 
 def _own_scores(users: tf.Tensor, own_vectors: tf.Tensor, width: int) -> tf.Tensor:
@@ -113,11 +123,6 @@ def _batch_seen(user_rows, seen_starts, seen_items) -> tuple[tf.Tensor, tf.Tenso
     rows = tf.cast(user_rows, tf.int64)
     spans = tf.ragged.range(tf.gather(seen_starts, rows), tf.gather(seen_starts, rows + 1))
     return tf.cast(spans.value_rowids(), tf.int32), tf.gather(seen_items, spans.flat_values)
-
-
-def _clip(where: tf.Tensor, width: int) -> tf.Tensor:
-    """Indices into a ``[B, width]`` chunk, those outside it moved to column 0 (masked)."""
-    return tf.stack([where[:, 0], tf.clip_by_value(where[:, 1], 0, width - 1)], axis=1)
 
 
 def running_top_k(
