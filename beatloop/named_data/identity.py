@@ -50,14 +50,14 @@ def source_identity(
     path: str,
     files: Sequence[Path] | None,
     recorded: Any = None,
-    facts: dict[str, str] | None = None,
+    named: dict[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """One source's record: its ``label`` (``KIND:PATH``), ``role`` (training or
-    validation), the folder its files are named from, each file's facts, and the
-    source's own ``facts`` when it has any (``DataSource.facts``: a data set's version). A file
-    whose size and modification time equal those of ``recorded`` (this role's earlier
-    record) keeps its recorded fingerprint unread. ``None`` when ``files`` is ``None``
-    (the source does not say which files it reads)."""
+    validation), the folder its files are named from, each file's facts, and ``named``:
+    what names the data beyond its files, when the source says (``DataSource.facts``: a
+    data set's version). A file whose size and modification time equal those of
+    ``recorded`` (this role's earlier record) keeps its recorded fingerprint unread.
+    ``None`` when ``files`` is ``None`` (the source does not say which files it reads)."""
     if files is None:
         return None
     root = _root(path, files)
@@ -78,7 +78,7 @@ def source_identity(
             }
         )
     entry = {"source": label, "role": role, "root": os.path.abspath(root), "files": entries}
-    return {**entry, "facts": dict(facts)} if facts else entry
+    return {**entry, "facts": dict(named)} if named else entry
 
 
 def _root(path: str, files: Sequence[Path]) -> Path:

@@ -2,8 +2,8 @@
 validation by a seeded index permutation, shuffled in a bounded buffer, batched, then
 parsed a batch at a time in parallel; nothing is read into memory whole.
 
-A streamed source (``csv``, ``parquet``, ``tfds``, ``tfrecord``) hands ``stream_split`` a data set of
-``(index, record)`` pairs: ``index`` the record's position in the whole data (int64,
+A streamed source (``csv``, ``parquet``, ``tfds``, ``tfrecord``) hands ``stream_split`` a
+data set of ``(index, record)`` pairs: ``index`` the record's position in the whole data (int64,
 the same on every worker whichever files it reads), ``record`` a scalar string (a CSV
 line, a serialized ``tf.train.Example``), a vector (a Parquet row) or a dict of tensors (a
 TFDS example), and a ``parse`` function making a batch of

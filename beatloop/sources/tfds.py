@@ -197,7 +197,7 @@ class TfdsSource(DataSource):
         directory = folder / str(max(matching))
         try:
             return tfds.builder_from_directory(str(directory))
-        except Exception as error:  # noqa: BLE001 - TFDS raises many kinds on a bad folder
+        except Exception as error:  # TFDS raises many kinds on a folder it cannot read
             raise DataError(
                 f"data source {self.label!r}: the prepared data set in {str(directory)!r} does "
                 f"not read ({' '.join(str(error).split())}); prepare it again"
@@ -279,7 +279,7 @@ class TfdsSource(DataSource):
         if absent:
             raise DataError(
                 f"data source {self.label!r}: {where} has no feature(s) {absent}; its "
-                f"features: {list(known)}"
+                f"features: {sorted(known)}"
             )
 
     def _usable(self, known, name: str, where: str, stacked: bool) -> None:
