@@ -19,6 +19,7 @@ from helpers import all_weights, assert_same_weights
 
 import beatloop
 from beatloop import ConfigError, DataError
+from beatloop.cli import main
 from beatloop.core.data.batches import DataSplit
 from beatloop.datasets import batches
 from beatloop.named_data.load import NamedData, make_source
@@ -162,8 +163,15 @@ def test_features_chosen_as_csv_columns_are(prepared):
 # --- errors, each before the first step -------------------------------------------------
 
 
-def test_a_data_set_not_prepared_names_the_command_to_prepare_it(prepared, tmp_path):
+def test_a_data_set_not_prepared_names_the_command_to_prepare_it(prepared, tmp_path, capsys):
     empty = str(tmp_path)
+    code = main(
+        ["run", "supervised", "--data", f"tfds:{NAME}", "--data-set", f"data_dir={empty}",
+         "--run-dir", str(tmp_path / "run"), "--quiet"]
+    )  # fmt: skip
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 3 and len(errors) == 1 and "is not prepared in" in errors[0], errors
+    assert not (tmp_path / "run").exists()
     assert refused(NAME, f"data_dir={empty}") == (
         f"data source 'tfds:{NAME}': '{NAME}' is not prepared in '{empty}'; beatloop never "
         f"downloads: prepare it first with `tfds build {NAME} --data_dir {empty}` or "
