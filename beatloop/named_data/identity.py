@@ -45,13 +45,19 @@ def fingerprint(path: str | Path) -> str:
 
 
 def source_identity(
-    label: str, role: str, path: str, files: Sequence[Path] | None, recorded: Any = None
+    label: str,
+    role: str,
+    path: str,
+    files: Sequence[Path] | None,
+    recorded: Any = None,
+    named: dict[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """One source's record: its ``label`` (``KIND:PATH``), ``role`` (training or
-    validation), the folder its files are named from, and each file's facts. A file
-    whose size and modification time equal those of ``recorded`` (this role's earlier
-    record) keeps its recorded fingerprint unread. ``None`` when ``files`` is ``None``
-    (the source does not say which files it reads)."""
+    validation), the folder its files are named from, each file's facts, and ``named``:
+    what names the data beyond its files, when the source says (``DataSource.facts``: a
+    data set's version). A file whose size and modification time equal those of
+    ``recorded`` (this role's earlier record) keeps its recorded fingerprint unread.
+    ``None`` when ``files`` is ``None`` (the source does not say which files it reads)."""
     if files is None:
         return None
     root = _root(path, files)
@@ -71,7 +77,8 @@ def source_identity(
                 FINGERPRINT: before[FINGERPRINT] if same else fingerprint(file),
             }
         )
-    return {"source": label, "role": role, "root": os.path.abspath(root), "files": entries}
+    entry = {"source": label, "role": role, "root": os.path.abspath(root), "files": entries}
+    return {**entry, "facts": dict(named)} if named else entry
 
 
 def _root(path: str, files: Sequence[Path]) -> Path:
@@ -101,8 +108,19 @@ def changes(recorded: Sequence[dict], now: Sequence[dict]) -> list[str]:
         elif role not in before:
             found.append(f"the {role} data source {after[role]['source']} is not recorded")
         else:
+            found += _fact_changes(before[role], after[role])
             found += _file_changes(before[role], after[role])
     return found
+
+
+def _fact_changes(before: dict, after: dict) -> list[str]:
+    """The source's facts that differ (``tfds:mnist: version 3.0.0 -> 3.0.1``)."""
+    was, now = before.get("facts") or {}, after.get("facts") or {}
+    return [
+        f"{after['source']}: {name} {was.get(name, '(none)')} -> {now.get(name, '(none)')}"
+        for name in sorted(set(was) | set(now))
+        if was.get(name) != now.get(name)
+    ]
 
 
 def _file_changes(before: dict, after: dict) -> list[str]:

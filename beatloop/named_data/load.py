@@ -3,7 +3,8 @@ dict batches: the source named, its parameters read, its batches checked against
 recipe.
 
 A source kind is a registered class (``beatloop.DataSource``; built-ins: ``folder``,
-``npz``, the streamed ``csv`` and ``tfrecord``, a module each in ``beatloop/sources/``;
+``npz``, the streamed ``csv``, ``parquet``, ``tfds`` and ``tfrecord``, a module each in
+``beatloop/sources/``;
 plugins add more through the ``register_data_sources`` hook), found by name in the
 plugins' registry, with a ``name``, an attrs ``Config`` of its parameters
 (set with ``--data-set NAME=VALUE``) and a ``load(seed, batch_size)`` method.
@@ -264,7 +265,12 @@ class NamedData:
                 continue
             source = make_source(text, self.settings, recipe)
             entry = source_identity(
-                source.label, role, source.path, source.files(), recorded_roles.get(role)
+                source.label,
+                role,
+                source.path,
+                source.files(),
+                recorded_roles.get(role),
+                source.facts(),
             )
             if entry is None:
                 return None

@@ -48,9 +48,10 @@ def register_data_sources() -> list[type]:
     from beatloop.sources.folder import FolderSource
     from beatloop.sources.npz import NpzSource
     from beatloop.sources.parquet import ParquetSource
+    from beatloop.sources.tfds import TfdsSource
     from beatloop.sources.tfrecord import TfrecordSource
 
-    return [FolderSource, CsvSource, NpzSource, ParquetSource, TfrecordSource]
+    return [FolderSource, CsvSource, NpzSource, ParquetSource, TfdsSource, TfrecordSource]
 
 
 @hookimpl

@@ -1,5 +1,5 @@
 """The built-in data source kinds (``folder``, ``npz``, ``csv``, ``parquet``,
-``tfrecord``), written as a plugin's would be: they import only beatloop's public
+``tfds``, ``tfrecord``), written as a plugin's would be: they import only beatloop's public
 surface (``docs/api.md``).
 
 Each kind is a module: a ``beatloop.DataSource`` subclass with a ``name``, an attrs

@@ -2,10 +2,11 @@
 validation by a seeded index permutation, shuffled in a bounded buffer, batched, then
 parsed a batch at a time in parallel; nothing is read into memory whole.
 
-A streamed source (``csv``, ``parquet``, ``tfrecord``) hands ``stream_split`` a data set of
-``(index, record)`` pairs: ``index`` the record's position in the whole data (int64,
+A streamed source (``csv``, ``parquet``, ``tfds``, ``tfrecord``) hands ``stream_split`` a
+data set of ``(index, record)`` pairs: ``index`` the record's position in the whole data (int64,
 the same on every worker whichever files it reads), ``record`` a scalar string (a CSV
-line, a serialized ``tf.train.Example``), and a ``parse`` function making a batch of
+line, a serialized ``tf.train.Example``), a vector (a Parquet row) or a dict of tensors (a
+TFDS example), and a ``parse`` function making a batch of
 records into a dict batch. Membership of the validation split depends on the index and
 the seed alone (``tf.random.experimental.index_shuffle``), so it needs no memory per
 example and is the same after a resume or under any sharding.
@@ -66,7 +67,8 @@ def held_out(
         def pick(index, record):
             place = tf.random.experimental.index_shuffle(index, key, count - 1)
             chosen = place < held if validation else place >= held
-            return tf.boolean_mask(index, chosen), tf.boolean_mask(record, chosen)
+            kept = tf.nest.map_structure(lambda part: tf.boolean_mask(part, chosen), record)
+            return tf.boolean_mask(index, chosen), kept
 
         return records.batch(_CHUNK).map(pick).unbatch()
 

@@ -102,6 +102,12 @@ class DataSource(abc.ABC):
         it does not say, and nothing is recorded."""
         return None
 
+    def facts(self) -> dict[str, str]:
+        """What names the data beyond its files (a data set's name, version and split),
+        recorded in ``run.json`` beside them (``data_files``): a resume on other facts is
+        refused as on changed files; ``{}`` (the default): nothing more to record."""
+        return {}
+
     def hint(self, missing: Sequence[str]) -> str:
         """What to do when the recipe needs the batch keys ``missing``; '' if nothing."""
         return ""
