@@ -88,7 +88,7 @@ class RecommenderConfig:
         _positive,
     )  # fmt: skip
     recall_chunk: int = setting(
-        8192, "items recall@K and top_items score at once (memory: batch x this scores)",
+        4096, "items recall@K and top_items score at once (memory: batch x this scores)",
         _positive,
     )  # fmt: skip
     train_recall: bool = setting(

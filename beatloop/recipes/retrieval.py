@@ -5,7 +5,8 @@ sorted items it rated) and every item scored chunk by chunk.
 Exact against scoring every item at once: each chunk is one matmul of the batch's
 users against ``chunk`` items (the items padded with zeros to whole chunks, so every
 matmul has the same shape), and each row's own score is read from a matmul of that same
-shape, so a tie in the dense product is a tie here too.
+shape, so a tie in the dense product is a tie here too. The loops run one chunk at a
+time (``parallel_iterations=1``): never two chunks' scores held at once.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def count_unseen_above(
         return index + 1, tf.ensure_shape(above, users.shape[:1])
 
     start = (tf.constant(0), tf.zeros(tf.shape(users)[:1], tf.int32))
-    return tf.while_loop(lambda index, _: index < chunks, body, start)[1]
+    return tf.while_loop(lambda index, _: index < chunks, body, start, parallel_iterations=1)[1]
 
 
 def _above_in(scores, own_score, start, width, count, seen_row, seen_column) -> tf.Tensor:
@@ -115,7 +116,7 @@ def _own_scores(users: tf.Tensor, own_vectors: tf.Tensor, width: int) -> tf.Tens
         return index + 1, tf.ensure_shape(found, users.shape[:1])
 
     start = (tf.constant(0), tf.zeros([rows], users.dtype))
-    return tf.while_loop(lambda index, _: index < blocks, body, start)[1]
+    return tf.while_loop(lambda index, _: index < blocks, body, start, parallel_iterations=1)[1]
 
 
 def _batch_seen(user_rows, seen_starts, seen_items) -> tuple[tf.Tensor, tf.Tensor]:
@@ -147,5 +148,6 @@ def running_top_k(
         return index + 1, tf.ensure_shape(best.values, shape), tf.ensure_shape(merged, shape)
 
     start = (tf.constant(0), lowest, tf.zeros(tf.shape(lowest), tf.int32))
-    _, values, indices = tf.while_loop(lambda index, *_: index < chunks, body, start)
+    loop = tf.while_loop(lambda index, *_: index < chunks, body, start, parallel_iterations=1)
+    _, values, indices = loop
     return values, indices
