@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import beatloop
-from beatloop.recipes import recommender_data, retrieval
+from beatloop.recipes import recommender, recommender_data, retrieval
 from beatloop.recipes.recommender_data import HELD_OUT, read_vocabulary, synthetic_ratings
 
 
@@ -52,12 +52,14 @@ def catalogue(seed: int, batch: int, count: int, users: int = 9):
 def test_chunked_counts_equal_the_dense_computation_with_its_ties(batch, count, chunk):
     (users, items, own, rows), table, seen = catalogue(batch + count, batch, count)
     expected = dense_unseen_above(users, items, own, rows, tf.constant(table))
-    starts, rated = tf.constant(seen.starts), tf.constant(seen.items)
-    eager = retrieval.count_unseen_above(users, items, own, rows, starts, rated, chunk)
+    np.testing.assert_array_equal(seen.table(count), table)
+    sparse = (tf.constant(seen.starts), tf.constant(seen.items))
     traced = tf.function(retrieval.count_unseen_above, reduce_retracing=False)
-    compiled = traced(users, items, own, rows, starts, rated, chunk)
-    np.testing.assert_array_equal(eager.numpy(), expected.numpy())
-    np.testing.assert_array_equal(compiled.numpy(), expected.numpy())
+    for pairs in (sparse, tf.constant(table)):
+        eager = retrieval.count_unseen_above(users, items, own, rows, pairs, chunk)
+        compiled = traced(users, items, own, rows, pairs, chunk)
+        np.testing.assert_array_equal(eager.numpy(), expected.numpy())
+        np.testing.assert_array_equal(compiled.numpy(), expected.numpy())
     assert batch == 1 or len(set(expected.numpy().tolist())) > 1  # counts differ row to row
 
 
@@ -143,18 +145,20 @@ def test_past_the_dense_draw_memory_grows_with_ratings_not_users_times_items(mon
     assert set(train["item"].tolist()) <= set(range(1000, 1300))
 
 
-def test_recall_scored_in_chunks_equals_one_chunk_and_is_missing_when_not_asked():
+def test_recall_scored_in_chunks_equals_one_chunk_and_is_missing_when_not_asked(monkeypatch):
     config = {"users": 60, "items": 40, "ratings_per_user": 20, "batch_size": 32,
               "embedding": 8, "rating_layers": (16,)}  # fmt: skip
-    runs = {
-        chunk: beatloop.fit(
-            "recommender", epochs=2, seed=1, config={**config, "recall_chunk": chunk}
-        )
-        for chunk in (16, 8192)
-    }
+
+    def fit(epochs=2, **settings):
+        return beatloop.fit("recommender", epochs=epochs, seed=1, config={**config, **settings})
+
+    runs = {("table", chunk): fit(recall_chunk=chunk) for chunk in (16, 8192)}
+    monkeypatch.setattr(recommender, "DENSE_SEEN", 0)  # the rated pairs kept sparse
+    runs.update({("pairs", chunk): fit(recall_chunk=chunk) for chunk in (16, 8192)})
+    histories = [run.history for run in runs.values()]
     for name in ("recall_at_k", "val_recall_at_k"):
-        assert runs[16].history[name] == runs[8192].history[name], name
-    assert 0 < runs[16].history["val_recall_at_k"][-1] < 1
-    quiet = beatloop.fit("recommender", epochs=1, seed=1, config={**config, "train_recall": False})
+        assert all(history[name] == histories[0][name] for history in histories), name
+    assert 0 < histories[0]["val_recall_at_k"][-1] < 1
+    quiet = fit(epochs=1, train_recall=False)
     assert "recall_at_k" not in quiet.history and "val_recall_at_k" in quiet.history
-    assert quiet.history["val_recall_at_k"][0] == runs[16].history["val_recall_at_k"][0]
+    assert quiet.history["val_recall_at_k"][0] == histories[0]["val_recall_at_k"][0]

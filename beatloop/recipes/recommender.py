@@ -50,6 +50,8 @@ from beatloop.recipes.recommender_data import Vocabulary, read_vocabulary, synth
 
 _positive = attrs.validators.gt(0)
 TASKS = ["retrieval", "rating"]
+#: Up to this many users x items (bytes) the seen pairs are a table: a step's one gather.
+DENSE_SEEN = 2**24
 
 
 def _widths(instance, attribute, value) -> None:
@@ -259,10 +261,9 @@ class Recommender(Recipe):
         c, vocabulary = self.config, self._vocabulary()
         every = models["item"](tf.constant(vocabulary.items))
         index = self._index(item_ids)
-        starts, rated = self.seen
         above = retrieval.count_unseen_above(
             tf.stop_gradient(users), tf.stop_gradient(every), tf.maximum(index - 1, 0),
-            self.user_lookup(user_ids), starts, rated, c.recall_chunk,
+            self.user_lookup(user_ids), self.seen, c.recall_chunk,
         )  # fmt: skip
         return tf.cast(tf.logical_and(index > 0, above < c.top_k), tf.float32)
 
@@ -325,12 +326,15 @@ class TopItems(keras.layers.Layer):
         return {"item_ids": tf.gather(items, best), "scores": scores}
 
 
-def seen_variables(vocabulary: Vocabulary) -> tuple[tf.Variable, tf.Variable]:
+def seen_variables(vocabulary: Vocabulary) -> tuple[tf.Variable, tf.Variable] | tf.Variable:
     """The seen pairs as variables, not graph constants (TensorFlow caps a graph at 2 GB),
-    and not checkpointed: they are read from the training data like the vocabularies."""
+    and not checkpointed (read from the training data like the vocabularies): up to
+    ``DENSE_SEEN`` users x items a table, one gather a step; past it sparse."""
     seen = vocabulary.seen
     if seen is None:
         return tf.Variable(tf.zeros([2], tf.int64)), tf.Variable(tf.zeros([0], tf.int32))
+    if (len(vocabulary.users) + 1) * len(vocabulary.items) <= DENSE_SEEN:
+        return tf.Variable(seen.table(len(vocabulary.items)), trainable=False, name="seen")
     return (
         tf.Variable(seen.starts, trainable=False, name="seen_starts"),
         tf.Variable(seen.items, trainable=False, name="seen_items"),

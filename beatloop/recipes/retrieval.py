@@ -40,6 +40,12 @@ class SeenPairs:
         starts = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
         return cls(starts, column_of.astype(np.int32))
 
+    def table(self, items: int) -> np.ndarray:
+        """The same pairs as a rows x ``items`` table of bytes (1: rated)."""
+        table = np.zeros([len(self.starts) - 1, items], np.uint8)
+        table[np.repeat(np.arange(len(self.starts) - 1), np.diff(self.starts)), self.items] = 1
+        return table
+
     def rated(self, row: int) -> np.ndarray:
         """The item columns lookup row ``row`` rated."""
         return self.items[self.starts[row] : self.starts[row + 1]]
@@ -56,32 +62,51 @@ def count_unseen_above(
     item_vectors: tf.Tensor,
     own: tf.Tensor,
     user_rows: tf.Tensor,
-    seen_starts: tf.Tensor,
-    seen_items: tf.Tensor,
+    seen: tuple[tf.Tensor, tf.Tensor] | tf.Tensor,
     chunk: int,
 ) -> tf.Tensor:
     """For each row, how many items its user did not rate score strictly above the row's
     own item (``own``: its column, any value where the item is unknown), with
     ``users`` ``[B, d]``, ``item_vectors`` ``[I, d]`` (static ``I``) and ``user_rows``
-    the users' lookup rows. Peak memory: ``B x chunk`` scores and the batch's seen pairs."""
+    the users' lookup rows. ``seen``: ``SeenPairs``' ``(starts, items)``, or for a small
+    catalogue its ``table`` (one gather instead of the batch's pairs). Peak memory:
+    ``B x chunk`` scores and the batch's seen pairs."""
     count, width = item_vectors.shape[0], chunk_width(item_vectors.shape[0], chunk)
-    seen_row, seen_column = _batch_seen(user_rows, seen_starts, seen_items)
+    dense = not isinstance(seen, tuple)
     if width >= count:  # one chunk: the dense product itself, each row's own score in it
         scores = tf.matmul(users, item_vectors, transpose_b=True)
         own_score = tf.gather(scores, own, batch_dims=1)
+        if dense:
+            return _above_unrated(scores, own_score, tf.gather(seen, user_rows))
+        seen_row, seen_column = _batch_seen(user_rows, *seen)
         return _above_in(scores, own_score, 0, count, count, seen_row, seen_column)
     chunks = -(-count // width)
     padded = tf.pad(item_vectors, [[0, chunks * width - count], [0, 0]])
     own_score = _own_scores(users, tf.gather(item_vectors, own), width)
+    if dense:  # the padding counts as rated: never above
+        rated = tf.pad(
+            tf.gather(seen, user_rows), [[0, 0], [0, chunks * width - count]], constant_values=1
+        )
+    else:
+        seen_row, seen_column = _batch_seen(user_rows, *seen)
 
     def body(index, above):
         start = index * width
         scores = tf.matmul(users, padded[start : start + width], transpose_b=True)
-        above += _above_in(scores, own_score, start, width, count, seen_row, seen_column)
+        if dense:
+            above += _above_unrated(scores, own_score, rated[:, start : start + width])
+        else:
+            above += _above_in(scores, own_score, start, width, count, seen_row, seen_column)
         return index + 1, tf.ensure_shape(above, users.shape[:1])
 
     start = (tf.constant(0), tf.zeros(tf.shape(users)[:1], tf.int32))
     return tf.while_loop(lambda index, _: index < chunks, body, start, parallel_iterations=1)[1]
+
+
+def _above_unrated(scores, own_score, rated) -> tf.Tensor:
+    """Per row, the items scoring above its own that ``rated`` (a table's rows) marks 0."""
+    higher = tf.logical_and(scores > own_score[:, None], tf.equal(rated, 0))
+    return tf.reduce_sum(tf.cast(higher, tf.int32), axis=1)
 
 
 def _above_in(scores, own_score, start, width, count, seen_row, seen_column) -> tf.Tensor:
