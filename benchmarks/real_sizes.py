@@ -300,10 +300,10 @@ def time_beatloop(workload: str, sizes: dict, epochs: int, steps) -> tuple[list,
 
 
 def training_only_recipe():
-    """The built-in ``recommender`` without its recall@K figure: vocabularies set by the
-    caller (no users x items table of seen pairs: 10 GB at 100,000 x 100,000), no
-    scoring of every item in each step; its models, losses, schedule and other figures
-    are the recipe's own."""
+    """The built-in ``recommender`` without its recall@K figure (Keras ``fit`` and the
+    hand-written loop have none; ``recommender_scale.py`` measures it): vocabularies set
+    by the caller, no scoring of every item in each step; its models, losses, schedule
+    and other figures are the recipe's own."""
     import tensorflow as tf
 
     from beatloop.recipes.recommender import TASKS, Recommender
