@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import keras
@@ -20,6 +24,37 @@ def spread(values: list[float]) -> str:
     if len(values) < 2:
         return ""
     return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+
+
+def fresh_process(
+    script: str, arguments: Sequence[str], label: str, this_checkout: bool = False
+) -> dict:
+    """The figures a benchmark's child prints as its last line (JSON): ``script`` run in
+    a fresh Python with ``arguments`` (``this_checkout``: this checkout's beatloop ahead
+    of ``PYTHONPATH``); a child that fails ends the benchmark with its stderr's end."""
+    env = None
+    if this_checkout:
+        root = str(Path(__file__).resolve().parents[1])
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        }
+    command = [sys.executable, script, *arguments]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def interleaved(cases: Sequence, modes: Sequence, repeats: int, run: Callable) -> dict:
+    """``{(case, mode): [run(case, mode) per repeat]}``, each case's modes run in turn and
+    their order reversed every other repeat, so machine noise falls on each alike."""
+    runs: dict[tuple, list] = {(case, mode): [] for case in cases for mode in modes}
+    for repeat in range(repeats):
+        for case in cases:
+            for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                runs[case, mode].append(run(case, mode))
+    return runs
 
 
 def epoch_figures(rounds: list[dict]) -> dict:

@@ -23,7 +23,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -88,24 +87,16 @@ def write_csv(path: Path, rows: int) -> None:
 
 
 def run_child(mode: str, path: Path, batch_size: int) -> dict:
-    command = [sys.executable, __file__, "--child", mode, str(path)]
-    command += ["--batch-size", str(batch_size)]
-    root = str(Path(__file__).resolve().parents[1])  # this checkout's beatloop, in the child
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"{mode} {path.name} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """One fresh child's figures, this checkout's beatloop imported."""
+    from common import fresh_process
 
-
-def spread(values: list[float]) -> str:
-    """Half the min-max range as a percentage of the median (as benchmarks/common.py)."""
-    if len(values) < 2:
-        return ""
-    return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+    arguments = ["--child", mode, str(path), "--batch-size", str(batch_size)]
+    return fresh_process(__file__, arguments, f"{mode} {path.name}", this_checkout=True)
 
 
 def report(sizes: list[int], runs: dict, repeats: int, batch_size: int) -> None:
+    from common import spread
+
     print(f"supervised, 1 epoch, batch {batch_size}, fresh process each; medians of {repeats}")
     header = f"{'rows':>9} {'file MB':>8} " + " ".join(
         f"{mode + ' ' + figure:>18}" for mode in MODES for figure in ("RSS MB", "fit s")
@@ -131,16 +122,18 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(*args.child, args.batch_size)))
         return 0
+    from common import interleaved  # the parent's alone: TensorFlow stays out of a child's start
+
     counts = [int(float(text)) for text in args.rows.split(",")]
-    runs: dict[tuple[int, str], list[dict]] = {(n, m): [] for n in counts for m in MODES}
     with tempfile.TemporaryDirectory() as folder:
         paths = {rows: Path(folder) / f"{rows}.csv" for rows in counts}
         for rows, path in paths.items():
             write_csv(path, rows)
-        for repeat in range(args.repeats):
-            for rows, path in paths.items():
-                for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-                    runs[rows, mode].append(run_child(mode, path, args.batch_size))
+
+        def run(rows: int, mode: str) -> dict:
+            return run_child(mode, paths[rows], args.batch_size)
+
+        runs = interleaved(counts, MODES, args.repeats, run)
         sizes = [(rows, path.stat().st_size / 2**20) for rows, path in paths.items()]
     report(sizes, runs, args.repeats, args.batch_size)
     return 0

@@ -25,7 +25,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -87,24 +86,16 @@ def write_table(folder: Path, rows: int) -> dict[str, Path]:
 
 
 def run_child(mode: str, path: Path, batch_size: int) -> dict:
-    command = [sys.executable, __file__, "--child", mode, str(path)]
-    command += ["--batch-size", str(batch_size)]
-    root = str(Path(__file__).resolve().parents[1])  # this checkout's beatloop, in the child
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"{mode} {path.name} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """One fresh child's figures, this checkout's beatloop imported."""
+    from common import fresh_process
 
-
-def spread(values: list[float]) -> str:
-    """Half the min-max range as a percentage of the median (as benchmarks/common.py)."""
-    if len(values) < 2:
-        return ""
-    return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+    arguments = ["--child", mode, str(path), "--batch-size", str(batch_size)]
+    return fresh_process(__file__, arguments, f"{mode} {path.name}", this_checkout=True)
 
 
 def report(sizes: dict, runs: dict, repeats: int, batch_size: int) -> None:
+    from common import spread
+
     print(f"one pass of the training batches, batch {batch_size}; medians of {repeats}")
     header = f"{'rows':>9} {'kind':>8} {'file MB':>8} {'load s':>12} {'rows/s':>16} {'RSS MB':>12}"
     print(header)
@@ -128,14 +119,16 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(*args.child, args.batch_size)))
         return 0
+    from common import interleaved  # the parent's alone: TensorFlow stays out of a child's start
+
     counts = [int(float(text)) for text in args.rows.split(",")]
-    runs: dict[tuple[int, str], list[dict]] = {(n, m): [] for n in counts for m in MODES}
     with tempfile.TemporaryDirectory() as folder:
         files = {rows: write_table(Path(folder), rows) for rows in counts}
-        for repeat in range(args.repeats):
-            for rows, paths in files.items():
-                for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-                    runs[rows, mode].append(run_child(mode, paths[mode], args.batch_size))
+
+        def run(rows: int, mode: str) -> dict:
+            return run_child(mode, files[rows][mode], args.batch_size)
+
+        runs = interleaved(counts, MODES, args.repeats, run)
         sizes = {(n, m): files[n][m].stat().st_size / 2**20 for n in counts for m in MODES}
     report(sizes, runs, args.repeats, args.batch_size)
     return 0

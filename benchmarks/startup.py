@@ -30,7 +30,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -193,18 +192,11 @@ class ScheduleModel:
 
 
 def run_child(loop: str, recipe: str, epochs: int) -> dict:
-    command = [sys.executable, __file__, "--child", loop, recipe, "--epochs", str(epochs)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{loop} {recipe} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """One fresh child's figures (its import of TensorFlow among them)."""
+    from common import fresh_process
 
-
-def spread(values: list[float]) -> str:
-    """Half the min-max range as a percentage of the median (as benchmarks/common.py)."""
-    if len(values) < 2:
-        return ""
-    return f"±{50 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+    arguments = ["--child", loop, recipe, "--epochs", str(epochs)]
+    return fresh_process(__file__, arguments, f"{loop} {recipe}")
 
 
 def main(argv=None) -> int:
@@ -218,14 +210,15 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(*args.child, args.epochs)))
         return 0
+    from common import interleaved, spread  # the parent's alone: a child times its own imports
+
     recipes = ("supervised", "gan") if args.quick else tuple(args.recipes.split(","))
     repeats = 1 if args.quick else args.repeats
-    runs: dict[tuple[str, str], list[dict]] = {(r, loop): [] for r in recipes for loop in LOOPS}
-    for repeat in range(repeats):
-        for recipe in recipes:
-            order = LOOPS if repeat % 2 == 0 else LOOPS[::-1]
-            for loop in order:
-                runs[recipe, loop].append(run_child(loop, recipe, args.epochs))
+
+    def run(recipe: str, loop: str) -> dict:
+        return run_child(loop, recipe, args.epochs)
+
+    runs = interleaved(recipes, LOOPS, repeats, run)
     print(f"first fit, {args.epochs} epochs, fresh process each; medians of {repeats} (spread)")
     header = f"{'recipe':15} {'figure':14} {'beatloop':>16} {'Keras fit':>16} {'ratio':>7}"
     print(header)

@@ -59,10 +59,28 @@ def _kind(cls: type) -> str:
     return "class"
 
 
-def _field(field: attrs.Attribute) -> str:
+def _annotation(cls: type, field: attrs.Attribute) -> str | None:
+    """A field's type as its class's source writes it. Not ``field.type`` alone: once
+    ``attrs.resolve_types`` has run on the class (``config_fields`` does) it holds the
+    resolved type, and the record would depend on what ran before it."""
+    annotation = field.type
+    for base in cls.__mro__:
+        own = inspect.get_annotations(base)
+        if field.name in own:
+            annotation = own[field.name]
+            break
+    if annotation is None or isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type):  # a class given as such: by name, as a string names it
+        return annotation.__qualname__
+    return _clean(repr(annotation))
+
+
+def _field(cls: type, field: attrs.Attribute) -> str:
     text = f"field {field.name}"
-    if field.type is not None:
-        text += f": {field.type if isinstance(field.type, str) else _clean(repr(field.type))}"
+    annotation = _annotation(cls, field)
+    if annotation is not None:
+        text += f": {annotation}"
     if isinstance(field.default, attrs.Factory):
         text += f" = factory {getattr(field.default.factory, '__qualname__', '?')}"
     elif field.default is not attrs.NOTHING:
@@ -105,7 +123,7 @@ def describe_name(name: str, obj, public: set[type]) -> list[str]:
         bases = ", ".join(base.__name__ for base in obj.__bases__)
         lines = [f"{name}: {_kind(obj)}({bases}) {obj.__name__}{_signature(obj)}"]
         if attrs.has(obj):
-            lines += [f"    {_field(field)}" for field in attrs.fields(obj)]
+            lines += [f"    {_field(obj, field)}" for field in attrs.fields(obj)]
         if issubclass(obj, enum.Enum):
             lines += [f"    member {member.name} = {member.value!r}" for member in obj]
         else:

@@ -225,6 +225,21 @@ def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> None:
                 process.communicate()
 
 
+def finish(
+    process: subprocess.Popen | ForkedProcess, timeout: float = 300, args: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
+    """``process`` waited for to its end and its output read back, as a result naming
+    ``args``; killed when it outlives ``timeout`` seconds (or the wait fails), so no
+    process outlives its test."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
 def run_python(
     *args: str,
     python=sys.executable,
@@ -235,15 +250,9 @@ def run_python(
     """Run ``python ARGS`` to its end as ``start_python`` starts it (killed after
     ``timeout`` seconds) and return its stdout; a non-zero exit fails the test with the
     end of its stderr."""
-    process = start_python(*args, python=python, fresh=fresh, **env)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    assert process.returncode == 0, f"{args} exited with {process.returncode}:\n{err[-3000:]}"
-    return out
+    done = finish(start_python(*args, python=python, fresh=fresh, **env), timeout, args)
+    assert done.returncode == 0, f"{args} exited with {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
 
 
 def pip(python, *args) -> None:

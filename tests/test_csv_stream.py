@@ -12,7 +12,14 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, history_records, start_python, worker
+from helpers import (
+    all_weights,
+    assert_same_weights,
+    finish,
+    history_records,
+    start_python,
+    worker,
+)
 
 import beatloop
 from beatloop import DataError
@@ -217,35 +224,47 @@ def test_the_pipeline_holds_none_of_the_files_data_and_shards_by_data(tmp_path):
 # --- SIGKILL and resume -------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_a_csv_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits):
+def digits_columns(train: dict) -> dict[str, np.ndarray]:
+    """The training digits as table columns: ``p0``..``p63`` (float64) and ``digit``."""
+    columns = {f"p{i}": train["x"][:, i].astype(np.float64) for i in range(64)}
+    return {**columns, "digit": train["y"].astype(np.int64)}
+
+
+def assert_killed_run_resumes(tmp_path, source: str) -> None:
+    """A ``supervised`` run on the digits table at ``source`` (1,437 rows: 287 held out,
+    1,150 in 18 batches of 64 an epoch), SIGKILLed at step 27 in a process of its own,
+    resumes from its step-24 checkpoint onto the whole run's weights and history: what
+    every streamed source must keep across a kill (``csv`` here, ``parquet`` too)."""
     from pathlib import Path
 
-    worker_path = Path(__file__).parent / "workers" / "resumable_run.py"
-    train, _ = digits  # 1,437 rows: 287 held out, 1,150 in 18 batches of 64 an epoch
-    columns = {f"p{i}": train["x"][:, i].astype(np.float64) for i in range(64)}
-    write_csv(tmp_path / "digits.csv", {**columns, "digit": train["y"].astype(np.int64)})
     spec = {
         "recipe": "supervised", "config": {"batch_size": 64, "dropout": 0.3}, "epochs": 2,
         "seed": 3, "checkpoint_every": 8, "data": {
-            "source": f"csv:{tmp_path / 'digits.csv'}",
+            "source": source,
             "settings": ["label=digit", "validation_fraction=0.2", "shuffle_buffer=300"],
         },
     }  # fmt: skip
-
     resumable_run = worker("resumable_run")
     killed_dir = tmp_path / "killed"
     # Only the killed run needs a process; the others are fitted here meanwhile.
     killed_spec = {**spec, "run_dir": str(killed_dir), "kill_at": 27, "out": "unused"}
-    killed = start_python(worker_path, json.dumps(killed_spec))
+    killed = start_python(Path(__file__).parent / "workers" / "resumable_run.py",
+                          json.dumps(killed_spec))  # fmt: skip
     try:
         full = resumable_run.fit({**spec, "run_dir": str(tmp_path / "full")})
     finally:
-        _, err = killed.communicate(timeout=300)
+        err = finish(killed, 300).stderr
     assert killed.returncode == -signal.SIGKILL, err
-    assert len(history_records(tmp_path / "killed")) == 1  # killed in epoch 2
+    assert len(history_records(killed_dir)) == 1  # killed in epoch 2
     resumed = resumable_run.fit({**spec, "run_dir": str(killed_dir)})
     assert resumed.steps == 36 and resumed.resumed_from.endswith("ckpt-5")
     assert_same_weights(all_weights(resumed.models), all_weights(full.models))
-    assert history_records(tmp_path / "killed") == history_records(tmp_path / "full")
+    assert history_records(killed_dir) == history_records(tmp_path / "full")
     assert "val_loss" in history_records(tmp_path / "full")[0]
+
+
+@pytest.mark.slow
+def test_a_csv_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits):
+    train, _ = digits
+    write_csv(tmp_path / "digits.csv", digits_columns(train))
+    assert_killed_run_resumes(tmp_path, f"csv:{tmp_path / 'digits.csv'}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import start_python
+from helpers import finish, start_python
 
 import beatloop
 from beatloop.cli import main
@@ -257,13 +257,7 @@ def _as_user(*args: str, cwd: Path, small: bool = False) -> subprocess.Completed
     script = Path(sys.executable).parent / "beatloop"
     with contextlib.chdir(cwd):
         process = start_python("-c", AS_USER, "small" if small else "-", script, *args)
-    try:
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    return subprocess.CompletedProcess(args, process.returncode, out, err)
+    return finish(process, 300, args)
 
 
 @pytest.mark.slow

@@ -8,9 +8,7 @@ imported only on load."""
 
 from __future__ import annotations
 
-import json
 import runpy
-import signal
 import sys
 from pathlib import Path
 
@@ -19,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from helpers import all_weights, assert_same_weights, history_records, start_python, worker
-from test_csv_stream import write_csv
+from helpers import all_weights, assert_same_weights
+from test_csv_stream import assert_killed_run_resumes, digits_columns, write_csv
 
 import beatloop
 from beatloop import ConfigError, DataError
@@ -333,33 +331,8 @@ def test_a_parquet_run_killed_mid_epoch_resumes_bit_identical(tmp_path, digits):
     """As the ``csv`` source's kill test (``test_csv_stream.py``), on the same table as
     two Parquet files of small row groups: SIGKILL at step 27 (epoch 2 of 18 steps), the
     resume from the step-24 checkpoint ends on the weights and history of the whole run."""
-    train, _ = digits  # 1,437 rows: 287 held out, 1,150 in 18 batches of 64 an epoch
-    columns = {f"p{i}": train["x"][:, i].astype(np.float64) for i in range(64)}
-    columns["digit"] = train["y"].astype(np.int64)
-    table = pa.table(columns)
+    train, _ = digits
+    table = pa.table(digits_columns(train))
     pq.write_table(table.slice(0, 700), tmp_path / "part-0.parquet", 100)
     pq.write_table(table.slice(700), tmp_path / "part-1.parquet", 100)
-    spec = {
-        "recipe": "supervised", "config": {"batch_size": 64, "dropout": 0.3}, "epochs": 2,
-        "seed": 3, "checkpoint_every": 8, "data": {
-            "source": f"parquet:{tmp_path / 'part-*.parquet'}",
-            "settings": ["label=digit", "validation_fraction=0.2", "shuffle_buffer=300"],
-        },
-    }  # fmt: skip
-    resumable_run = worker("resumable_run")
-    killed_dir = tmp_path / "killed"
-    # Only the killed run needs a process; the others are fitted here meanwhile.
-    killed_spec = {**spec, "run_dir": str(killed_dir), "kill_at": 27, "out": "unused"}
-    killed = start_python(Path(__file__).parent / "workers" / "resumable_run.py",
-                          json.dumps(killed_spec))  # fmt: skip
-    try:
-        full = resumable_run.fit({**spec, "run_dir": str(tmp_path / "full")})
-    finally:
-        _, err = killed.communicate(timeout=300)
-    assert killed.returncode == -signal.SIGKILL, err
-    assert len(history_records(killed_dir)) == 1  # killed in epoch 2
-    resumed = resumable_run.fit({**spec, "run_dir": str(killed_dir)})
-    assert resumed.steps == 36 and resumed.resumed_from.endswith("ckpt-5")
-    assert_same_weights(all_weights(resumed.models), all_weights(full.models))
-    assert history_records(killed_dir) == history_records(tmp_path / "full")
-    assert "val_loss" in history_records(tmp_path / "full")[0]
+    assert_killed_run_resumes(tmp_path, f"parquet:{tmp_path / 'part-*.parquet'}")

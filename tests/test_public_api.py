@@ -60,6 +60,22 @@ def test_the_record_would_see_a_changed_signature_and_a_changed_field():
     assert describe_name("fit", fit, set()) == ["fit: function(recipe, *, epochs: 'int' = 1)"]
 
 
+def test_the_record_lists_a_field_type_as_written_once_it_is_resolved():
+    """``config_fields`` resolves a config's annotations to classes (``--set``, a source's
+    settings); the record still lists each field's type as its source writes it, so it is
+    the same whatever ran before it in the process."""
+    from api_surface import describe_name
+
+    from beatloop.core.schedule.config import config_fields
+
+    config_fields(beatloop.SourceConfig)
+    assert describe_name("SourceConfig", beatloop.SourceConfig, set())[1:] == [
+        "    field batch_size: int | None = None",
+        "    field validation_fraction: float = 0.0",
+        "    field shuffle: bool = True",
+    ]
+
+
 def test_the_type_checking_imports_are_the_exports():
     """Type checkers, IDEs and the API reference see each public name where it is
     defined: the ``TYPE_CHECKING`` block of ``beatloop/__init__.py`` imports exactly

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import start_python
+from helpers import finish, start_python
 
 import beatloop
 from beatloop import user_modules
@@ -255,13 +254,7 @@ def test_the_console_script_imports_from_the_working_dir(tmp_path):
     def beatloop_command(*args):  # forked with TensorFlow imported, as a new process
         with contextlib.chdir(tmp_path):
             process = start_python(script, *args)
-        try:
-            out, err = process.communicate(timeout=300)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-        return subprocess.CompletedProcess(args, process.returncode, out, err)
+        return finish(process, 300, args)
 
     done = beatloop_command("run", "mine", "--import", "bl_user_recipes", *TRAIN,
                             "--run-dir", "r", "--quiet")  # fmt: skip

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from beatloop import DataError, DataSource, DataSplit
 from beatloop.sources.columns import feature_columns, key_columns
-from beatloop.sources.stream import StreamConfig, stream_split
+from beatloop.sources.stream import StreamConfig, sharded_by_data, stream_split
 
 #: Values decoded per scan batch (rows = this / columns): memory stays bounded by it.
 _SCAN_VALUES = 2**18
@@ -93,7 +93,7 @@ class CsvSource(DataSource):
         split = stream_split(
             self._records(header), layout.count, parse, self.config, seed, batch_size, self.label
         )
-        return DataSplit(_sharded_by_data(split.train), _sharded_by_data(split.validation))
+        return DataSplit(sharded_by_data(split.train), sharded_by_data(split.validation))
 
     def files(self) -> list[Path]:
         """The CSV file."""
@@ -251,13 +251,3 @@ def _reason(error: Exception) -> str:
     """TensorFlow's words for a failed decode, without the function and op names."""
     text = " ".join((getattr(error, "message", None) or str(error)).split())
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", re.sub(r"\{\{[^}]*\}\}\s*", "", text))
-
-
-def _sharded_by_data(dataset):
-    """``dataset`` sharded by example under a multi-worker strategy (one file: sharding
-    by file would leave every worker but one without data)."""
-    if dataset is None:
-        return None
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)

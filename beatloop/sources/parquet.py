@@ -27,8 +27,7 @@ import numpy as np
 from beatloop import ConfigError, DataError, DataSource, DataSplit
 from beatloop.datasets import replayable
 from beatloop.sources.columns import batch_columns, feature_columns
-from beatloop.sources.csv import _sharded_by_data
-from beatloop.sources.stream import StreamConfig, stream_split
+from beatloop.sources.stream import StreamConfig, sharded_by_data, stream_split
 
 #: Rows read from a file at a time (a row group is read whole at most).
 _READ_ROWS = 8192
@@ -106,7 +105,7 @@ class ParquetSource(DataSource):
         records = _records(pq, parts, columns)
         parse = _parser(columns, features, keys)
         split = stream_split(records, count, parse, self.config, seed, batch_size, self.label)
-        return DataSplit(_sharded_by_data(split.train), _sharded_by_data(split.validation))
+        return DataSplit(sharded_by_data(split.train), sharded_by_data(split.validation))
 
     def files(self) -> list[Path]:
         """Every file the path, glob or folder names."""

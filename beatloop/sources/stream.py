@@ -133,3 +133,13 @@ def stream_split(
         stream_batches(train, count - held, parse, batch_size, shuffle_seed, buffer, parse_rows),
         stream_batches(validation, held, parse, batch_size, parse_rows=parse_rows),
     )
+
+
+def sharded_by_data(dataset):
+    """``dataset`` sharded by example under a multi-worker strategy (``csv``, ``parquet``,
+    ``tfds``: sharding by file would leave a worker without data when files are few)."""
+    if dataset is None:
+        return None
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)

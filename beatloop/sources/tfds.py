@@ -22,8 +22,7 @@ import attrs
 
 from beatloop import ConfigError, DataError, DataSource, DataSplit
 from beatloop.sources.columns import batch_columns, feature_columns
-from beatloop.sources.csv import _sharded_by_data
-from beatloop.sources.stream import StreamConfig, stream_batches, stream_split
+from beatloop.sources.stream import StreamConfig, sharded_by_data, stream_batches, stream_split
 
 _RANGES = ("unit", "signed", "raw")
 
@@ -116,7 +115,7 @@ class TfdsSource(DataSource):
         if self.config.validation_split:
             whole = stream_batches(records(splits[1]), counts[1], parse, batch_size)
             split = DataSplit(split.train, whole)
-        return DataSplit(_sharded_by_data(split.train), _sharded_by_data(split.validation))
+        return DataSplit(sharded_by_data(split.train), sharded_by_data(split.validation))
 
     def files(self) -> list[Path]:
         """The prepared files the splits read, with the data set's info and features."""
