@@ -28,6 +28,7 @@ def _run(command, args) -> int:
     modules ``--import`` names. ``list`` imports TensorFlow on a cache miss only (or for
     a module to import); a command whose ``without_tensorflow(args)`` says so (``run
     --workers N`` starting its workers, which import the modules themselves) not at all."""
+    from beatloop.forking import forked_children
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
     from beatloop.user_modules import import_modules
 
@@ -42,6 +43,8 @@ def _run(command, args) -> int:
     if launcher or (command.NAME == "list" and not args.imports):
         return command.run(args)
     import_tensorflow_quietly()
-    with one_line_warnings():
+    # tune's trials and compare's runs fork from a process forked here: TensorFlow
+    # imported, the user's modules not yet, warnings shown as Python shows them
+    with forked_children(command.NAME in ("tune", "compare")), one_line_warnings():
         import_modules(args.imports)
         return command.run(args)
