@@ -30,7 +30,7 @@ import attrs
 
 from beatloop.compare_report import bootstrap_interval, plot_loss_curves, quality_lead
 from beatloop.core.failures.errors import BeatloopError
-from beatloop.forking import ForkedChild, forked_children, popen
+from beatloop.forking import ForkedChild, popen
 
 #: A row's figures that get a mean and an interval over the seeds (``final_losses`` too,
 #: per beat, and ``quality_value``).
@@ -175,7 +175,6 @@ def tuned_settings(entry: Entry) -> tuple[str, ...]:
     return tuple(f"{name}={setting_text(value)}" for name, value in config.items())
 
 
-@forked_children()  # its runs fork from a process that imported TensorFlow
 def compare(
     entries: Sequence[Entry],
     *,

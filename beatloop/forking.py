@@ -176,7 +176,10 @@ class Starter:
         return ForkedChild(pid, [sys.executable, *args]) if pid > 0 else None
 
     def close(self) -> None:
+        """End it now (it may be importing still); the children it forked live on."""
         self.socket.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
@@ -271,10 +274,8 @@ def _serve(connection: socket.socket, parent: int, env: dict[str, str], interrup
             if not message:
                 break
             _fork_child(connection, json.loads(message), fds, parent, interrupt)
-    except BaseException:  # nothing of it may reach the command's code
-        with contextlib.suppress(Exception):
-            sys.excepthook(*sys.exc_info())
-    os._exit(0)
+    finally:  # the command gone (or this starter failing): the command spawns instead
+        os._exit(0)
 
 
 def _drop_descriptors(keep: set[int]) -> None:
@@ -297,13 +298,12 @@ def _fork_child(connection, request: dict, fds: list[int], parent: int, interrup
     if middle == 0:
         try:
             child = os.fork()
-        except OSError:
-            child = -1
-        if child == 0:
-            connection.close()
-            _become(request, fds, parent, interrupt)  # never returns
-        connection.send(str(child).encode())
-        os._exit(0)
+            if child == 0:
+                connection.close()
+                _become(request, fds, parent, interrupt)  # never returns
+            connection.send(str(child).encode())
+        finally:
+            os._exit(0)
     os.waitpid(middle, 0)
     for fd in fds:
         os.close(fd)
@@ -312,24 +312,29 @@ def _fork_child(connection, request: dict, fds: list[int], parent: int, interrup
 def _become(request: dict, fds: list[int], parent: int, interrupt) -> None:
     """Turn this process into ``python ARGS`` as ``subprocess.Popen`` would start it,
     and exit as that interpreter would."""
-    while os.getppid() != parent:  # adopted by the command once the middle exits
-        if os.getppid() == 1:
-            os._exit(1)
-        time.sleep(0.0005)
-    if request["session"]:
-        os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in set(fds) - {0, 1, 2}:
-        os.close(fd)
-    _fresh_streams()
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    _fresh_signals(interrupt)
-    _fresh_random()
-    code = _run(request["args"])
-    os._exit(_finish(code))
+    try:
+        while os.getppid() != parent:  # adopted by the command once the middle exits
+            if os.getppid() == 1:
+                os._exit(1)
+            time.sleep(0.0005)
+        if request["session"]:
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in set(fds) - {0, 1, 2}:
+            os.close(fd)
+        _fresh_streams()
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        _fresh_signals(interrupt)
+        _fresh_random()
+    except BaseException:  # as an interpreter that could not start: a traceback, 1
+        with contextlib.suppress(BaseException):
+            sys.excepthook(*sys.exc_info())
+            sys.stderr.flush()
+        os._exit(1)
+    os._exit(_finish(_run(request["args"])))
 
 
 def _fresh_streams() -> None:

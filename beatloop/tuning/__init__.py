@@ -17,7 +17,6 @@ from pathlib import Path
 
 import attrs
 
-from beatloop.forking import forked_children
 from beatloop.tuning.spec import StudySpec
 
 
@@ -40,7 +39,6 @@ class TuneResult:
         return trial_config(self.spec, best[0].params) if best else None
 
 
-@forked_children()  # its trials fork from a process that imported TensorFlow
 def tune(
     recipe: str,
     space: Sequence[str] | Mapping[str, str],
