@@ -1,7 +1,8 @@
 """``python -m MODULE`` children that skip TensorFlow's import: ``tune``'s trial processes
 and ``compare``'s runs start from a *starter*, a process the ``beatloop`` command forks
 (``cli/app.py``) once it has imported TensorFlow and before the user's modules, while no
-op ran and no thread started (TensorFlow's runtime does not survive a fork once started). The starter forks each child on request, twice, so the
+op ran and no thread started (TensorFlow's runtime does not survive a fork once started).
+The starter forks each child on request, twice, so that the
 child's parent is the command (a child subreaper for that moment), which waits for it and
 signals it as it would a ``subprocess.Popen``'s. Where forking is not safe, not on Linux,
 or ``BEATLOOP_FORK_TRIALS=0``, ``popen`` is ``subprocess.Popen``.
