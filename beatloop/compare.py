@@ -30,6 +30,7 @@ import attrs
 
 from beatloop.compare_report import bootstrap_interval, plot_loss_curves, quality_lead
 from beatloop.core.failures.errors import BeatloopError
+from beatloop.forking import ForkedChild, popen
 
 #: A row's figures that get a mean and an interval over the seeds (``final_losses`` too,
 #: per beat, and ``quality_value``).
@@ -315,7 +316,7 @@ def _run_all(
                 failed.add(spec["label"])
         return results
     waiting = list(enumerate(tasks))
-    running: dict[int, tuple[subprocess.Popen, Any, Any, float]] = {}
+    running: dict[int, tuple[subprocess.Popen | ForkedChild, Any, Any, float]] = {}
     try:
         while waiting or running:
             waiting = [task for task in waiting if task[1][1]["label"] not in failed]
@@ -348,7 +349,7 @@ def _run_all(
     return results
 
 
-def _stop(started: tuple[subprocess.Popen, Any, Any, float]) -> None:
+def _stop(started: tuple[subprocess.Popen | ForkedChild, Any, Any, float]) -> None:
     """Kill a run's process and close its output files."""
     process, stdout, stderr, _ = started
     process.kill()
@@ -361,13 +362,13 @@ def _command(spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "beatloop.compare", json.dumps(spec)], env
 
 
-def _start(spec: Mapping[str, Any]) -> tuple[subprocess.Popen, Any, Any]:
+def _start(spec: Mapping[str, Any]) -> tuple[subprocess.Popen | ForkedChild, Any, Any]:
     """A run's process, its output going to files (a pipe nobody reads while it runs
     could fill up and stall it)."""
     command, env = _command(spec)
     # closed by _run_all once the process ends (or is killed)
     stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # noqa: SIM115
-    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, env=env)
+    process = popen(command, stdout=stdout, stderr=stderr, text=True, env=env)
     return process, stdout, stderr
 
 
@@ -407,12 +408,17 @@ def _collected(
 
 
 def _run_isolated(spec: Mapping[str, Any], timeout: float) -> dict[str, Any] | RunFailure:
-    command, env = _command(spec)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return _failure(spec, _timed_out(timeout))
-    return _collected(spec, done.returncode, done.stdout, done.stderr)
+    """One run to its end (killed after ``timeout`` seconds): its figures or failure."""
+    process, stdout, stderr = _start(spec)
+    with stdout, stderr:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            return _failure(spec, _timed_out(timeout))
+        stdout.seek(0), stderr.seek(0)
+        return _collected(spec, process.returncode, stdout.read(), stderr.read())
 
 
 def _summary(

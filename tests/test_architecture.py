@@ -183,6 +183,7 @@ LAYERS = (
             "beatloop.named_data.*",
             "beatloop.compare",
             "beatloop.compare_report",
+            "beatloop.forking",
             "beatloop.tuning.*",
             "beatloop.listing",
             "beatloop.run_file",

@@ -13,9 +13,11 @@ from beatloop.cli.parser import COMMANDS, build_parser
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``beatloop`` command and return its exit code (see ``EXIT_CODES``)."""
+    program = argv is None  # the process is this command (not Python calling main)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    args.forks = program and args.command in ("tune", "compare")
     command = {module.NAME: module for module in COMMANDS}[args.command]
     try:
         return _run(command, args)
@@ -28,6 +30,7 @@ def _run(command, args) -> int:
     modules ``--import`` names. ``list`` imports TensorFlow on a cache miss only (or for
     a module to import); a command whose ``without_tensorflow(args)`` says so (``run
     --workers N`` starting its workers, which import the modules themselves) not at all."""
+    from beatloop.forking import forked_children
     from beatloop.terminal import import_tensorflow_quietly, one_line_warnings
     from beatloop.user_modules import import_modules
 
@@ -36,12 +39,14 @@ def _run(command, args) -> int:
     if args.verbose:
         from beatloop.core.feeding import grappler_lines
 
-        with grappler_lines.shown():
+        with forked_children(getattr(args, "forks", False)), grappler_lines.shown():
             import_modules([] if launcher else args.imports)
             return command.run(args)
     if launcher or (command.NAME == "list" and not args.imports):
         return command.run(args)
     import_tensorflow_quietly()
-    with one_line_warnings():
+    # The command's trials or runs fork from a process forked here, when the process is
+    # the command: TensorFlow imported, nothing of the user's yet, Python's warnings
+    with forked_children(getattr(args, "forks", False)), one_line_warnings():
         import_modules(args.imports)
         return command.run(args)

@@ -1,4 +1,5 @@
-"""A study's trial processes: each trial started in its own process (logging to
+"""A study's trial processes: each trial started in its own process (forked with
+TensorFlow imported where it can be: ``beatloop.forking``; logging to
 ``OUT/logs/trial-N.log``), watched, stopped with one SIGTERM (it checkpoints and stays
 running in the study), its end said; and the trials a killed command left, found to be
 resumed."""
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from beatloop.core.failures.errors import ConfigError
+from beatloop.forking import ForkedChild, popen
 from beatloop.tuning.spec import StudySpec, spec_to_json
 
 #: A trial's user attributes: the machine and the command that started it last.
@@ -71,7 +73,7 @@ class TrialProcesses:
     def __init__(self, spec: StudySpec, echo: Callable[[str], None]):
         self.spec = spec
         self.echo = echo
-        self.running: dict[int, tuple[subprocess.Popen, object]] = {}
+        self.running: dict[int, tuple[subprocess.Popen | ForkedChild, object]] = {}
 
     def start(self, study, number: int) -> None:
         trial = live_trial(study, number)
@@ -85,7 +87,7 @@ class TrialProcesses:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         # A session of its own: Ctrl-C reaches the command only, which stops each trial
         # with one SIGTERM (a second signal would stop it before its checkpoint).
-        process = subprocess.Popen(
+        process = popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self.running[number] = (process, log)
