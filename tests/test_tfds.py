@@ -211,7 +211,8 @@ def test_a_missing_split_feature_or_file_is_one_error_naming_it(prepared, tmp_pa
     shard = next((tmp_path / "data" / NAME / "1.0.0").glob("*-test.tfrecord-*"))
     shard.unlink()
     assert refused(NAME, f"data_dir={where}", "validation_split=test") == (
-        f"{label}'s split 'test' lacks its file(s) ['{shard}']; prepare it again"
+        f"data source 'tfds:{NAME}': split 'test' of the data set '{NAME}/1.0.0' lacks its "
+        f"file(s) ['{shard}']; prepare it again"
     )
 
 

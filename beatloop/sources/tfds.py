@@ -215,13 +215,13 @@ class TfdsSource(DataSource):
         absent = [str(path) for path in _split_files(builder, split) if not Path(path).is_file()]
         if absent:
             raise DataError(
-                f"data source {self.label!r}: the data set {builder.info.full_name!r}'s split "
-                f"{split!r} lacks its file(s) {absent}; prepare it again"
+                f"data source {self.label!r}: split {split!r} of the data set "
+                f"{builder.info.full_name!r} lacks its file(s) {absent}; prepare it again"
             )
         if count == 0:
             raise DataError(
-                f"data source {self.label!r}: the data set {builder.info.full_name!r}'s split "
-                f"{split!r} holds no examples"
+                f"data source {self.label!r}: split {split!r} of the data set "
+                f"{builder.info.full_name!r} holds no examples"
             )
         return count
 
